@@ -1,0 +1,37 @@
+"""Environment configuration, read in one place as named constants."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from pathlib import Path
+
+EMULATOR_HOST_ENVVAR = "SPANNER_EMULATOR_HOST"
+EMULATOR_BINARY_ENVVAR = "SPANNER_EMULATOR_BINARY"
+DEFAULT_EMULATOR_BINARY = "/usr/lib/google-cloud-sdk/bin/cloud_spanner_emulator/emulator_main"
+SPARK_MASTER_ENVVAR = "CSI_SPARK_MASTER"
+SPARK_REMOTE_ENVVAR = "SPARK_REMOTE"
+CACHE_ENVVAR = "CSI_CACHE"
+DEFAULT_CACHE = Path.home() / ".cache" / "changestream-inspector" / "cache.duckdb"
+
+DEFAULT_HEARTBEAT_MS = 10_000
+MIN_HEARTBEAT_MS = 1_000
+MAX_HEARTBEAT_MS = 300_000
+
+
+def emulator_binary() -> str | None:
+    """Path of the Cloud Spanner emulator binary, or None when it is not installed."""
+    candidate = os.environ.get(EMULATOR_BINARY_ENVVAR) or DEFAULT_EMULATOR_BINARY
+    if Path(candidate).is_file() and os.access(candidate, os.X_OK):
+        return candidate
+    return shutil.which("emulator_main")
+
+
+def quiet_local_client_env() -> None:
+    """Settings every process that talks to a local Spanner endpoint needs."""
+    # Without this the client exports metrics and takes ~30 s to exit.
+    os.environ.setdefault("SPANNER_DISABLE_BUILTIN_METRICS", "true")
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
