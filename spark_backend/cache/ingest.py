@@ -1,0 +1,280 @@
+"""Set-based SQL that lands a batch of record rows (``records.RECORD_FIELDS``) in the cache.
+
+Runs inside the caller's transaction. A batch is staged in a temporary table, grouped by record
+identity, and merged into the tables: new records are inserted, known ones are not stored again.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import duckdb
+
+from .store import IngestStats
+
+_KEY = (
+    "coalesce(record_id, concat_ws('|', coalesce(partition_token, ''), ts_ns::VARCHAR, "
+    "coalesce(server_transaction_id, ''), coalesce(record_sequence, '')))"
+)
+
+
+def _stage(con: duckdb.DuckDBPyConnection, batch: Any) -> None:
+    if isinstance(batch, str | Path):
+        con.execute(
+            "CREATE OR REPLACE TEMP TABLE _batch AS SELECT * FROM read_parquet(?)", [str(batch)]
+        )
+        return
+    con.register("_batch_arrow", batch)
+    try:
+        con.execute("CREATE OR REPLACE TEMP TABLE _batch AS SELECT * FROM _batch_arrow")
+    finally:
+        con.unregister("_batch_arrow")
+
+
+def ingest_batch(
+    con: duckdb.DuckDBPyConnection,
+    stream: str,
+    pull_id: int | None,
+    batch: Any,
+    *,
+    count_existing_as_duplicates: bool,
+) -> IngestStats:
+    _stage(con, batch)
+    stats = IngestStats()
+    stats.data_change, dup_dc = _data_change(con, stream, pull_id, count_existing_as_duplicates)
+    stats.heartbeats, dup_hb = _heartbeats(con, stream, pull_id, count_existing_as_duplicates)
+    stats.child_partitions = _child_partitions(con, stream, pull_id)
+    stats.duplicates = dup_dc + dup_hb
+    _partition_counters(con, stream, pull_id)
+    stats.partitions_ended = _partition_ends(con, stream, pull_id)
+    stats.bad = _quarantine(con, stream, pull_id)
+    for name in ("_batch", "_dc", "_hb", "_new_marks"):
+        con.execute(f"DROP TABLE IF EXISTS {name}")
+    return stats
+
+
+def _data_change(con, stream, pull_id, count_existing) -> tuple[int, int]:
+    con.execute(
+        f"""CREATE OR REPLACE TEMP TABLE _dc AS
+        SELECT g.*, EXISTS (SELECT 1 FROM data_change_records d
+                            WHERE d.stream = $stream AND d.record_key = g.record_key) AS known
+        FROM (SELECT {_KEY} AS record_key, count(*) AS n,
+               first(partition_token) AS partition_token, first(ts_ns) AS ts_ns,
+               first(record_sequence) AS record_sequence,
+               first(server_transaction_id) AS server_transaction_id,
+               first(is_last_record_in_transaction_in_partition) AS is_last,
+               first(table_name) AS table_name, first(value_capture_type) AS vct,
+               first(column_types) AS column_types, first(mods) AS mods,
+               first(mod_type) AS mod_type,
+               first(number_of_records_in_transaction) AS n_records,
+               first(number_of_partitions_in_transaction) AS n_partitions,
+               first(transaction_tag) AS transaction_tag,
+               first(is_system_transaction) AS is_system,
+               first(record_id) AS record_id, first(order_key) AS order_key,
+               first(read_ts_ns) AS read_ts_ns, first(extra) AS extra,
+               first(origin) AS origin
+        FROM _batch WHERE kind = 'data_change' GROUP BY record_key) g""",
+        {"stream": stream},
+    )
+    known_n, new_n, new_dups = con.execute(
+        "SELECT coalesce(sum(n) FILTER (WHERE known), 0), count(*) FILTER (WHERE NOT known), "
+        "coalesce(sum(n - 1) FILTER (WHERE NOT known), 0) FROM _dc"
+    ).fetchone()
+    duplicates = int(new_dups)
+    if count_existing and known_n:
+        con.execute(
+            "UPDATE data_change_records d SET copies = d.copies + _dc.n FROM _dc "
+            "WHERE _dc.known AND d.stream = ? AND d.record_key = _dc.record_key",
+            [stream],
+        )
+        duplicates += int(known_n)
+    con.execute(
+        """INSERT INTO mods
+        SELECT $stream, record_key, CAST(i - 1 AS INTEGER), table_name,
+               make_timestamp_ns(ts_ns),
+               m -> 'keys', m -> 'new_values', m -> 'old_values'
+        FROM (SELECT record_key, table_name, ts_ns,
+                     unnest(from_json(mods, '["JSON"]')) AS m,
+                     generate_subscripts(from_json(mods, '["JSON"]'), 1) AS i
+              FROM _dc WHERE NOT known AND mods IS NOT NULL)""",
+        {"stream": stream},
+    )
+    con.execute(
+        """INSERT INTO data_change_records
+        SELECT $stream, record_key, partition_token, make_timestamp_ns(ts_ns), record_sequence,
+               server_transaction_id, is_last, table_name, vct, column_types, mod_type,
+               n_records, n_partitions, transaction_tag, is_system, record_id, order_key,
+               make_timestamp_ns(read_ts_ns), extra,
+               CAST(coalesce(json_array_length(mods), 0) AS INTEGER), CAST(n AS INTEGER),
+               $pull, origin
+        FROM _dc WHERE NOT known""",
+        {"stream": stream, "pull": pull_id},
+    )
+    return int(new_n), duplicates
+
+
+def _heartbeats(con, stream, pull_id, count_existing) -> tuple[int, int]:
+    con.execute(
+        """CREATE OR REPLACE TEMP TABLE _hb AS
+        SELECT g.*, EXISTS (SELECT 1 FROM heartbeats h WHERE h.stream = $stream
+                            AND h.partition_token = g.partition_token
+                            AND h.timestamp = make_timestamp_ns(g.ts_ns)) AS known
+        FROM (SELECT coalesce(partition_token, '') AS partition_token, ts_ns, count(*) AS n,
+                     first(extra) AS extra
+              FROM _batch WHERE kind = 'heartbeat' GROUP BY ALL) g""",
+        {"stream": stream},
+    )
+    new_n, new_dups, known_n = con.execute(
+        "SELECT count(*) FILTER (WHERE NOT known), coalesce(sum(n - 1) FILTER (WHERE NOT known), 0),"
+        " coalesce(sum(n) FILTER (WHERE known), 0) FROM _hb"
+    ).fetchone()
+    duplicates = int(new_dups)
+    if count_existing and known_n:
+        con.execute(
+            "UPDATE heartbeats h SET copies = h.copies + _hb.n FROM _hb WHERE _hb.known "
+            "AND h.stream = ? AND h.partition_token = _hb.partition_token "
+            "AND h.timestamp = make_timestamp_ns(_hb.ts_ns)",
+            [stream],
+        )
+        duplicates += int(known_n)
+    con.execute(
+        "INSERT INTO heartbeats SELECT $stream, partition_token, make_timestamp_ns(ts_ns), extra, "
+        "CAST(n AS INTEGER), $pull FROM _hb WHERE NOT known",
+        {"stream": stream, "pull": pull_id},
+    )
+    return int(new_n), duplicates
+
+
+def _child_partitions(con, stream, pull_id) -> int:
+    con.execute(
+        """CREATE OR REPLACE TEMP TABLE _cp AS
+        SELECT partition_token, ts_ns, record_sequence, first(child_partitions) AS children,
+               count(*) AS n
+        FROM _batch b WHERE kind = 'child_partitions'
+          AND NOT EXISTS (SELECT 1 FROM child_partitions_records c WHERE c.stream = $stream
+                AND c.partition_token IS NOT DISTINCT FROM b.partition_token
+                AND c.start_timestamp = make_timestamp_ns(b.ts_ns)
+                AND c.record_sequence IS NOT DISTINCT FROM b.record_sequence)
+        GROUP BY ALL""",
+        {"stream": stream},
+    )
+    (count,) = con.execute("SELECT count(*) FROM _cp").fetchone()
+    con.execute(
+        "INSERT INTO child_partitions_records SELECT $stream, partition_token, "
+        "make_timestamp_ns(ts_ns), record_sequence, children, CAST(n AS INTEGER), $pull FROM _cp",
+        {"stream": stream, "pull": pull_id},
+    )
+    # One row per (child, parent); a child of the initial query has no parents -> NULL parent.
+    con.execute(
+        """CREATE OR REPLACE TEMP TABLE _kids AS
+        SELECT DISTINCT c ->> 'token' AS child, ts_ns, record_sequence,
+               unnest(CASE WHEN json_array_length(c -> 'parent_partition_tokens') = 0
+                           THEN [NULL::VARCHAR]
+                           ELSE from_json(c -> 'parent_partition_tokens', '["VARCHAR"]') END)
+                 AS parent
+        FROM (SELECT ts_ns, record_sequence, unnest(from_json(children, '["JSON"]')) AS c
+              FROM _cp)"""
+    )
+    con.execute(
+        """INSERT INTO edges
+        SELECT DISTINCT $stream, parent, child, make_timestamp_ns(ts_ns), record_sequence
+        FROM _kids k WHERE NOT EXISTS (SELECT 1 FROM edges e WHERE e.stream = $stream
+              AND e.child = k.child AND e.parent IS NOT DISTINCT FROM k.parent)""",
+        {"stream": stream},
+    )
+    con.execute(
+        """INSERT INTO partitions (stream, token, start_ts, state, first_pull)
+        SELECT $stream, child, make_timestamp_ns(min(ts_ns)), 'pending', $pull FROM _kids
+        WHERE child NOT IN (SELECT token FROM partitions WHERE stream = $stream)
+        GROUP BY child""",
+        {"stream": stream, "pull": pull_id},
+    )
+    con.execute("DROP TABLE _kids")
+    con.execute("DROP TABLE _cp")
+    return int(count)
+
+
+def _partition_counters(con, stream, pull_id) -> None:
+    """Watermarks and counts from this batch's new records; unknown partitions appear as open."""
+    con.execute(
+        """CREATE OR REPLACE TEMP TABLE _new_marks AS
+        SELECT partition_token, max(ts_ns) AS mark, min(ts_ns) AS first_mark,
+               count(*) FILTER (WHERE kind = 'data_change') AS dc,
+               count(*) FILTER (WHERE kind = 'heartbeat') AS hb
+        FROM (SELECT partition_token, ts_ns, 'data_change' AS kind FROM _dc WHERE NOT known
+              UNION ALL SELECT partition_token, ts_ns, 'heartbeat' FROM _hb WHERE NOT known
+              UNION ALL SELECT partition_token, ts_ns, 'child_partitions' FROM _batch
+                        WHERE kind = 'child_partitions')
+        WHERE partition_token IS NOT NULL GROUP BY partition_token"""
+    )
+    con.execute(
+        """INSERT INTO partitions (stream, token, start_ts, state, first_pull)
+        SELECT $stream, partition_token, make_timestamp_ns(first_mark), 'open', $pull
+        FROM _new_marks
+        WHERE partition_token NOT IN (SELECT token FROM partitions WHERE stream = $stream)""",
+        {"stream": stream, "pull": pull_id},
+    )
+    con.execute(
+        """UPDATE partitions p SET
+             watermark = CASE WHEN p.watermark IS NULL THEN make_timestamp_ns(m.mark)
+                              ELSE greatest(p.watermark, make_timestamp_ns(m.mark)) END,
+             data_change_records = p.data_change_records + m.dc,
+             heartbeats = p.heartbeats + m.hb,
+             last_pull = $pull
+           FROM _new_marks m WHERE p.stream = $stream AND p.token = m.partition_token""",
+        {"stream": stream, "pull": pull_id},
+    )
+
+
+def _partition_ends(con, stream, pull_id) -> int:
+    """Apply the readers' partition_end rows: state, the range read, the end of a finished one."""
+    con.execute(
+        """CREATE OR REPLACE TEMP TABLE _ends AS
+        SELECT partition_token, extra ->> 'state' AS state, ts_ns AS read_to,
+               CAST(extra ->> 'read_from' AS BIGINT) AS read_from,
+               CAST(extra ->> 'end' AS BIGINT) AS end_ns,
+               extra ->> 'error' AS error, coalesce(CAST(extra ->> 'attempts' AS INTEGER), 1)
+                 AS attempts
+        FROM _batch WHERE kind = 'partition_end' AND partition_token IS NOT NULL"""
+    )
+    (count,) = con.execute("SELECT count(*) FROM _ends").fetchone()
+    con.execute(
+        """INSERT INTO partitions (stream, token, start_ts, state, first_pull)
+        SELECT $stream, partition_token, make_timestamp_ns(read_from), 'pending', $pull FROM _ends
+        WHERE partition_token NOT IN (SELECT token FROM partitions WHERE stream = $stream)""",
+        {"stream": stream, "pull": pull_id},
+    )
+    con.execute(
+        """UPDATE partitions p SET
+             state = e.state,
+             read_from = CASE WHEN e.read_from IS NULL THEN p.read_from
+                              WHEN p.read_from IS NULL THEN make_timestamp_ns(e.read_from)
+                              ELSE least(p.read_from, make_timestamp_ns(e.read_from)) END,
+             read_to = CASE WHEN e.read_to IS NULL THEN p.read_to
+                            WHEN p.read_to IS NULL THEN make_timestamp_ns(e.read_to)
+                            ELSE greatest(p.read_to, make_timestamp_ns(e.read_to)) END,
+             end_ts = CASE WHEN e.end_ns IS NOT NULL THEN make_timestamp_ns(e.end_ns)
+                           ELSE p.end_ts END,
+             watermark = CASE WHEN e.end_ns IS NOT NULL THEN make_timestamp_ns(e.end_ns)
+                              ELSE p.watermark END,
+             error = e.error,
+             attempts = p.attempts + e.attempts,
+             last_pull = $pull
+           FROM _ends e WHERE p.stream = $stream AND p.token = e.partition_token""",
+        {"stream": stream, "pull": pull_id},
+    )
+    con.execute("DROP TABLE _ends")
+    return int(count)
+
+
+def _quarantine(con, stream, pull_id) -> int:
+    (count,) = con.execute("SELECT count(*) FROM _batch WHERE kind = 'bad'").fetchone()
+    if count:
+        con.execute(
+            "INSERT INTO quarantine (stream, origin, line, reason, raw, pull_id) "
+            "SELECT $stream, coalesce(origin, partition_token), line, extra ->> 'reason', raw, $pull "
+            "FROM _batch WHERE kind = 'bad'",
+            {"stream": stream, "pull": pull_id},
+        )
+    return int(count)

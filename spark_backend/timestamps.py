@@ -1,0 +1,102 @@
+"""RFC 3339 timestamps with full (nanosecond) precision, as integer nanoseconds since the epoch."""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+
+_RFC3339 = re.compile(
+    r"^(\d{4})-(\d{2})-(\d{2})[Tt ](\d{2}):(\d{2}):(\d{2})(?:\.(\d{1,9}))?"
+    r"(Z|z|[+-]\d{2}:?\d{2})?$"
+)
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
+NS_PER_S = 1_000_000_000
+
+
+class TimestampError(ValueError):
+    """A timestamp that is not RFC 3339."""
+
+
+def parse_ns(text: str) -> int:
+    """'2022-09-27T12:30:00.123456789Z' -> nanoseconds since the epoch (UTC if no offset)."""
+    m = _RFC3339.match(text.strip())
+    if not m:
+        raise TimestampError(
+            f"{text!r} is not a timestamp; use RFC 3339, e.g. 2022-09-27T12:30:00.123456Z"
+        )
+    year, month, day, hour, minute, second, frac, zone = m.groups()
+    try:
+        base = dt.datetime(
+            int(year), int(month), int(day), int(hour), int(minute), int(second),
+            tzinfo=dt.timezone.utc,
+        )
+    except ValueError as e:
+        raise TimestampError(f"{text!r} is not a valid date/time: {e}") from e
+    offset_s = 0
+    if zone and zone not in ("Z", "z"):
+        sign = -1 if zone[0] == "-" else 1
+        digits = zone[1:].replace(":", "")
+        offset_s = sign * (int(digits[:2]) * 3600 + int(digits[2:]) * 60)
+    seconds = (base - _EPOCH) // dt.timedelta(seconds=1) - offset_s
+    nanos = int((frac or "").ljust(9, "0")) if frac else 0
+    return seconds * NS_PER_S + nanos
+
+
+def format_ns(ns: int) -> str:
+    """Nanoseconds -> RFC 3339 UTC; 6 fraction digits unless nanoseconds are needed."""
+    seconds, nanos = divmod(int(ns), NS_PER_S)
+    base = (_EPOCH + dt.timedelta(seconds=seconds)).strftime("%Y-%m-%dT%H:%M:%S")
+    if nanos % 1000:
+        return f"{base}.{nanos:09d}Z"
+    return f"{base}.{nanos // 1000:06d}Z"
+
+
+def from_datetime(value: dt.datetime) -> int:
+    """A datetime (naive = UTC; DatetimeWithNanoseconds keeps its nanoseconds) -> nanoseconds."""
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=dt.timezone.utc)
+    delta = value - _EPOCH
+    ns = (delta.days * 86_400 + delta.seconds) * NS_PER_S
+    nanosecond = getattr(value, "nanosecond", None)
+    return ns + (nanosecond if nanosecond is not None else delta.microseconds * 1000)
+
+
+def to_datetime(ns: int):
+    """Nanoseconds -> google.api_core DatetimeWithNanoseconds (keeps full precision)."""
+    from google.api_core.datetime_helpers import DatetimeWithNanoseconds
+
+    seconds, nanos = divmod(int(ns), NS_PER_S)
+    base = _EPOCH + dt.timedelta(seconds=seconds)
+    return DatetimeWithNanoseconds(
+        base.year, base.month, base.day, base.hour, base.minute, base.second,
+        nanosecond=nanos, tzinfo=dt.timezone.utc,
+    )
+
+
+def now_ns() -> int:
+    return from_datetime(dt.datetime.now(dt.timezone.utc))
+
+
+def coerce_ns(value) -> int:
+    """Accept RFC 3339 text, a datetime or integer nanoseconds."""
+    if isinstance(value, bool):
+        raise TimestampError(f"{value!r} is not a timestamp")
+    if isinstance(value, int):
+        return value
+    if isinstance(value, dt.datetime):
+        return from_datetime(value)
+    if isinstance(value, str):
+        return parse_ns(value)
+    raise TimestampError(f"{value!r} is not a timestamp; use RFC 3339 text")
+
+
+def format_duration(seconds: float) -> str:
+    """4m12s style."""
+    seconds = int(round(seconds))
+    h, rem = divmod(seconds, 3600)
+    m, s = divmod(rem, 60)
+    if h:
+        return f"{h}h{m:02d}m{s:02d}s"
+    if m:
+        return f"{m}m{s:02d}s"
+    return f"{s}s"
