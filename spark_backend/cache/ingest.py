@@ -47,9 +47,10 @@ def ingest_batch(
     stats.child_partitions = _child_partitions(con, stream, pull_id)
     stats.duplicates = dup_dc + dup_hb
     _partition_counters(con, stream, pull_id)
+    _finished_by_children(con, stream)
     stats.partitions_ended = _partition_ends(con, stream, pull_id)
     stats.bad = _quarantine(con, stream, pull_id)
-    for name in ("_batch", "_dc", "_hb", "_new_marks"):
+    for name in ("_batch", "_dc", "_hb", "_cp", "_new_marks"):
         con.execute(f"DROP TABLE IF EXISTS {name}")
     return stats
 
@@ -73,7 +74,7 @@ def _data_change(con, stream, pull_id, count_existing) -> tuple[int, int]:
                first(is_system_transaction) AS is_system,
                first(record_id) AS record_id, first(order_key) AS order_key,
                first(read_ts_ns) AS read_ts_ns, first(extra) AS extra,
-               first(origin) AS origin
+               first(origin) AS origin, min(line) AS line
         FROM _batch WHERE kind = 'data_change' GROUP BY record_key) g""",
         {"stream": stream},
     )
@@ -107,7 +108,7 @@ def _data_change(con, stream, pull_id, count_existing) -> tuple[int, int]:
                n_records, n_partitions, transaction_tag, is_system, record_id, order_key,
                make_timestamp_ns(read_ts_ns), extra,
                CAST(coalesce(json_array_length(mods), 0) AS INTEGER), CAST(n AS INTEGER),
-               $pull, origin
+               $pull, origin, line
         FROM _dc WHERE NOT known""",
         {"stream": stream, "pull": pull_id},
     )
@@ -121,7 +122,7 @@ def _heartbeats(con, stream, pull_id, count_existing) -> tuple[int, int]:
                             AND h.partition_token = g.partition_token
                             AND h.timestamp = make_timestamp_ns(g.ts_ns)) AS known
         FROM (SELECT coalesce(partition_token, '') AS partition_token, ts_ns, count(*) AS n,
-                     first(extra) AS extra
+                     first(extra) AS extra, min(line) AS line
               FROM _batch WHERE kind = 'heartbeat' GROUP BY ALL) g""",
         {"stream": stream},
     )
@@ -140,7 +141,7 @@ def _heartbeats(con, stream, pull_id, count_existing) -> tuple[int, int]:
         duplicates += int(known_n)
     con.execute(
         "INSERT INTO heartbeats SELECT $stream, partition_token, make_timestamp_ns(ts_ns), extra, "
-        "CAST(n AS INTEGER), $pull FROM _hb WHERE NOT known",
+        "CAST(n AS INTEGER), $pull, line FROM _hb WHERE NOT known",
         {"stream": stream, "pull": pull_id},
     )
     return int(new_n), duplicates
@@ -191,8 +192,20 @@ def _child_partitions(con, stream, pull_id) -> int:
         {"stream": stream, "pull": pull_id},
     )
     con.execute("DROP TABLE _kids")
-    con.execute("DROP TABLE _cp")
     return int(count)
+
+
+def _finished_by_children(con, stream) -> None:
+    # A partition that returned child partitions records has ended at their start_timestamp.
+    con.execute(
+        """UPDATE partitions p SET state = 'finished', end_ts = make_timestamp_ns(c.ts),
+             watermark = make_timestamp_ns(c.ts)
+           FROM (SELECT partition_token, max(ts_ns) AS ts FROM _cp
+                 WHERE partition_token IS NOT NULL GROUP BY ALL) c
+           WHERE p.stream = $stream AND p.token = c.partition_token""",
+        {"stream": stream},
+    )
+
 
 
 def _partition_counters(con, stream, pull_id) -> None:
@@ -219,6 +232,7 @@ def _partition_counters(con, stream, pull_id) -> None:
         """UPDATE partitions p SET
              watermark = CASE WHEN p.watermark IS NULL THEN make_timestamp_ns(m.mark)
                               ELSE greatest(p.watermark, make_timestamp_ns(m.mark)) END,
+             state = CASE WHEN p.state = 'pending' THEN 'open' ELSE p.state END,
              data_change_records = p.data_change_records + m.dc,
              heartbeats = p.heartbeats + m.hb,
              last_pull = $pull

@@ -86,6 +86,7 @@ DDL = [
         copies INTEGER NOT NULL,         -- how often the source delivered it (>1: duplicate)
         pull_id BIGINT,
         origin TEXT,
+        arrival BIGINT,                  -- position in the read that returned it (order check)
         PRIMARY KEY (stream, record_key)
     )""",
     """CREATE TABLE IF NOT EXISTS mods (
@@ -105,6 +106,7 @@ DDL = [
         extra JSON,
         copies INTEGER NOT NULL,
         pull_id BIGINT,
+        arrival BIGINT,
         PRIMARY KEY (stream, partition_token, timestamp)
     )""",
     """CREATE TABLE IF NOT EXISTS child_partitions_records (

@@ -1,0 +1,27 @@
+"""Analysis: plain functions over the cache (a DuckDB connection and a stream name).
+
+Pure SQL; every value is a bound parameter. Timestamps come back as integer nanoseconds
+(``*_ns``) so callers format them with full precision.
+"""
+
+from .dag import edges, partition_detail, partitions
+from .report import anomalies, build_report, summary
+from .transactions import duplicates, history, transaction_records, transactions
+from .watermarks import heartbeat_gaps, holding_back, low_watermark, watermark_series
+
+__all__ = [
+    "anomalies",
+    "build_report",
+    "duplicates",
+    "edges",
+    "heartbeat_gaps",
+    "history",
+    "holding_back",
+    "low_watermark",
+    "partition_detail",
+    "partitions",
+    "summary",
+    "transaction_records",
+    "transactions",
+    "watermark_series",
+]

@@ -1,0 +1,102 @@
+"""The partition DAG: partitions with their parents and children, edges with their kind."""
+
+from __future__ import annotations
+
+import duckdb
+import pandas as pd
+
+EDGE_KINDS = ("root", "split", "merge", "move")
+
+_EDGES_SQL = """
+WITH e AS (SELECT DISTINCT parent, child FROM edges WHERE stream = $stream),
+     n_parents AS (SELECT child, count(parent) AS n FROM e GROUP BY child),
+     n_children AS (SELECT parent, count(*) AS n FROM e WHERE parent IS NOT NULL GROUP BY parent)
+SELECT e.parent, e.child,
+       CASE WHEN e.parent IS NULL THEN 'root'
+            WHEN np.n > 1 THEN 'merge'
+            WHEN nc.n > 1 THEN 'split'
+            ELSE 'move' END AS kind
+FROM e JOIN n_parents np USING (child) LEFT JOIN n_children nc ON nc.parent = e.parent
+ORDER BY e.parent NULLS FIRST, e.child
+"""
+
+
+def edges(con: duckdb.DuckDBPyConnection, stream: str) -> pd.DataFrame:
+    """parent (None for children of the initial query), child, kind (root/split/merge/move)."""
+    return con.execute(_EDGES_SQL, {"stream": stream}).df()
+
+
+def range_end_ns(con: duckdb.DuckDBPyConnection, stream: str) -> int | None:
+    row = con.execute(
+        """SELECT epoch_ns(greatest(
+                 (SELECT range_end FROM streams WHERE stream = $stream),
+                 (SELECT max(read_to) FROM partitions WHERE stream = $stream),
+                 (SELECT max(watermark) FROM partitions WHERE stream = $stream)))""",
+        {"stream": stream},
+    ).fetchone()
+    return None if row is None or row[0] is None else int(row[0])
+
+
+def partitions(
+    con: duckdb.DuckDBPyConnection, stream: str, stall_after_s: float = 60.0
+) -> pd.DataFrame:
+    """One row per partition: token, parents, children, start/end/watermark (ns), state,
+    finished, counts, lag_s behind the range end, stalled."""
+    reference = range_end_ns(con, stream)
+    df = con.execute(
+        """
+        WITH par AS (SELECT child AS token, list(DISTINCT parent ORDER BY parent)
+                            FILTER (WHERE parent IS NOT NULL) AS parents
+                     FROM edges WHERE stream = $stream GROUP BY child),
+             kid AS (SELECT parent AS token, list(DISTINCT child ORDER BY child) AS children
+                     FROM edges WHERE stream = $stream AND parent IS NOT NULL GROUP BY parent)
+        SELECT p.token, coalesce(par.parents, []) AS parents,
+               coalesce(kid.children, []) AS children,
+               epoch_ns(p.start_ts) AS start_ns, epoch_ns(p.end_ts) AS end_ns,
+               epoch_ns(coalesce(p.watermark, p.start_ts)) AS watermark_ns,
+               epoch_ns(p.read_to) AS read_to_ns,
+               p.state, p.state = 'finished' AS finished,
+               p.data_change_records, p.heartbeats, p.attempts, p.error
+        FROM partitions p LEFT JOIN par USING (token) LEFT JOIN kid USING (token)
+        WHERE p.stream = $stream
+        ORDER BY p.start_ts NULLS LAST, p.token
+        """,
+        {"stream": stream},
+    ).df()
+    if reference is None or df.empty:
+        df["lag_s"] = pd.Series(dtype=float)
+        df["stalled"] = pd.Series(dtype=bool)
+        return df
+    lag = (reference - df["watermark_ns"].astype("float64")) / 1e9
+    df["lag_s"] = lag.where(~df["finished"], 0.0).fillna(0.0)
+    df["stalled"] = (~df["finished"]) & (df["lag_s"] > stall_after_s)
+    return df
+
+
+def partition_detail(con: duckdb.DuckDBPyConnection, stream: str, token: str) -> dict:
+    """Everything about one partition for a drill-down: its row, records, heartbeats, children."""
+    row = con.execute(
+        "SELECT * EXCLUDE (stream) FROM partitions WHERE stream = ? AND token = ?", [stream, token]
+    ).df()
+    records = con.execute(
+        """SELECT commit_timestamp, record_sequence, server_transaction_id, table_name, mod_type,
+                  mod_count, number_of_records_in_transaction,
+                  number_of_partitions_in_transaction, transaction_tag, copies
+           FROM data_change_records WHERE stream = ? AND partition_token = ?
+           ORDER BY commit_timestamp, record_sequence LIMIT 500""",
+        [stream, token],
+    ).df()
+    beats = con.execute(
+        "SELECT timestamp FROM heartbeats WHERE stream = ? AND partition_token = ? "
+        "ORDER BY timestamp",
+        [stream, token],
+    ).df()
+    kids = con.execute(
+        "SELECT child, start_ts FROM edges WHERE stream = ? AND parent = ? ORDER BY child",
+        [stream, token],
+    ).df()
+    parents = con.execute(
+        "SELECT parent FROM edges WHERE stream = ? AND child = ? ORDER BY parent", [stream, token]
+    ).df()
+    return {"partition": row, "records": records, "heartbeats": beats, "children": kids,
+            "parents": parents}

@@ -1,0 +1,123 @@
+"""Transactions across partitions, duplicates, and the history of a table or key."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import duckdb
+import pandas as pd
+
+from ..records import canonical_json
+
+
+def transactions(
+    con: duckdb.DuckDBPyConnection,
+    stream: str,
+    *,
+    table: str | None = None,
+    tag: str | None = None,
+    mod_type: str | None = None,
+    start_ns: int | None = None,
+    end_ns: int | None = None,
+    limit: int | None = None,
+) -> pd.DataFrame:
+    """One row per server_transaction_id: when, where, how complete."""
+    return con.execute(
+        """
+        WITH t AS (
+          SELECT server_transaction_id,
+                 epoch_ns(min(commit_timestamp)) AS commit_ns,
+                 count(*) AS records_seen,
+                 max(number_of_records_in_transaction) AS records_expected,
+                 count(DISTINCT partition_token) AS partitions_seen,
+                 max(number_of_partitions_in_transaction) AS partitions_expected,
+                 list(DISTINCT partition_token ORDER BY partition_token) AS partitions,
+                 list(DISTINCT table_name ORDER BY table_name) AS tables,
+                 list(DISTINCT mod_type ORDER BY mod_type) AS mod_types,
+                 any_value(transaction_tag) AS transaction_tag,
+                 sum(mod_count) AS mods
+          FROM data_change_records
+          WHERE stream = $stream AND server_transaction_id IS NOT NULL
+          GROUP BY server_transaction_id)
+        SELECT *, records_expected IS NOT NULL AND records_seen = records_expected AS complete
+        FROM t
+        WHERE ($table IS NULL OR list_contains(tables, $table))
+          AND ($tag IS NULL OR transaction_tag = $tag)
+          AND ($mod IS NULL OR list_contains(mod_types, $mod))
+          AND ($start IS NULL OR commit_ns >= $start)
+          AND ($end IS NULL OR commit_ns <= $end)
+        ORDER BY commit_ns, server_transaction_id
+        """ + ("LIMIT $limit" if limit else ""),
+        {"stream": stream, "table": table, "tag": tag, "mod": mod_type, "start": start_ns,
+         "end": end_ns, **({"limit": limit} if limit else {})},
+    ).df()
+
+
+def transaction_counts(con: duckdb.DuckDBPyConnection, stream: str) -> dict[str, Any]:
+    rows = con.execute(
+        """SELECT server_transaction_id,
+                  count(*) = max(number_of_records_in_transaction) AS complete
+           FROM data_change_records WHERE stream = ? AND server_transaction_id IS NOT NULL
+           GROUP BY ALL ORDER BY server_transaction_id""",
+        [stream],
+    ).fetchall()
+    incomplete = [r[0] for r in rows if not r[1]]
+    return {"total": len(rows), "complete": len(rows) - len(incomplete), "incomplete": incomplete}
+
+
+def transaction_records(
+    con: duckdb.DuckDBPyConnection, stream: str, server_transaction_id: str
+) -> pd.DataFrame:
+    """A transaction's records in order (commit_timestamp, record_sequence), mods side by side."""
+    return con.execute(
+        """SELECT epoch_ns(d.commit_timestamp) AS commit_ns, d.record_sequence,
+                  d.partition_token AS partition, d.table_name, d.mod_type, m.mod_index,
+                  m.keys, m.old_values, m.new_values, d.value_capture_type,
+                  d.is_last_record_in_transaction_in_partition AS last_in_partition
+           FROM data_change_records d
+           LEFT JOIN mods m ON m.stream = d.stream AND m.record_key = d.record_key
+           WHERE d.stream = ? AND d.server_transaction_id = ?
+           ORDER BY d.commit_timestamp, d.record_sequence, m.mod_index""",
+        [stream, server_transaction_id],
+    ).df()
+
+
+def duplicates(con: duckdb.DuckDBPyConnection, stream: str) -> int:
+    """Extra copies delivered: records seen more than once count copies - 1."""
+    row = con.execute(
+        """SELECT (SELECT coalesce(sum(copies - 1), 0) FROM data_change_records WHERE stream = $s)
+                + (SELECT coalesce(sum(copies - 1), 0) FROM heartbeats WHERE stream = $s)""",
+        {"s": stream},
+    ).fetchone()
+    return int(row[0])
+
+
+def _key_json(key: str | dict | None) -> str | None:
+    if key is None:
+        return None
+    value = json.loads(key) if isinstance(key, str) else key
+    if not isinstance(value, dict):
+        raise ValueError('a key is a JSON object of key columns, e.g. {"AccountId": "Id1"}')
+    return canonical_json(value)
+
+
+def history(
+    con: duckdb.DuckDBPyConnection, stream: str, table: str, key: str | dict | None = None,
+    limit: int | None = None,
+) -> pd.DataFrame:
+    """Every change of a table (or of one key) in the system's order."""
+    key_text = _key_json(key)
+    return con.execute(
+        """SELECT epoch_ns(d.commit_timestamp) AS commit_ns, d.mod_type, m.keys,
+                  m.old_values, m.new_values, d.server_transaction_id AS transaction_id,
+                  d.partition_token AS partition, d.record_sequence, d.order_key
+           FROM mods m JOIN data_change_records d
+             ON d.stream = m.stream AND d.record_key = m.record_key
+           WHERE m.stream = $stream AND m.table_name = $table
+             AND ($key IS NULL OR m.keys = CAST($key AS JSON))
+           ORDER BY d.order_key NULLS LAST, d.commit_timestamp, d.server_transaction_id,
+                    d.record_sequence, m.mod_index
+        """ + ("LIMIT $limit" if limit else ""),
+        {"stream": stream, "table": table, "key": key_text, **({"limit": limit} if limit else {})},
+    ).df()
