@@ -172,10 +172,10 @@ class Cache:
             if status == "complete":
                 self.con.execute(
                     """UPDATE streams SET
-                         range_start = CASE WHEN range_start IS NULL THEN p.range_start
-                                            ELSE least(range_start, p.range_start) END,
-                         range_end = CASE WHEN range_end IS NULL THEN p.range_end
-                                          ELSE greatest(range_end, p.range_end) END
+                         range_start = CASE WHEN streams.range_start IS NULL THEN p.range_start
+                                            ELSE least(streams.range_start, p.range_start) END,
+                         range_end = CASE WHEN streams.range_end IS NULL THEN p.range_end
+                                          ELSE greatest(streams.range_end, p.range_end) END
                        FROM pulls p WHERE p.pull_id = ? AND streams.stream = p.stream""",
                     [pull_id],
                 )

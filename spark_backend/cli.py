@@ -1,0 +1,298 @@
+"""The command line: ``python -m spark_backend pull|import|export|report|history``.
+
+Every failure is one line on stderr and a non-zero exit (2: bad input, 1: the source or the
+pull failed, 3: `report --fail-on-stall` found a stalled partition); never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any
+
+from . import config
+from .errors import BadInput, InspectorError
+
+EXIT_FAILED, EXIT_BAD_INPUT, EXIT_STALLED = 1, 2, 3
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line instead of usage + message
+        self.exit(EXIT_BAD_INPUT, f"error: {message} (see `{self.prog} --help`)\n")
+
+
+def _default_cache() -> str:
+    return os.environ.get(config.CACHE_ENVVAR) or str(config.DEFAULT_CACHE)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="python -m spark_backend",
+                     description="Pull, import and inspect change streams in a DuckDB cache.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    def cache_arg(p):
+        p.add_argument("--cache", default=_default_cache(),
+                       help=f"DuckDB cache file (default: ${config.CACHE_ENVVAR} or "
+                            f"{config.DEFAULT_CACHE})")
+
+    p = sub.add_parser("pull", help="read a time range of a change stream into the cache")
+    cache_arg(p)
+    p.add_argument("--source", choices=["spanner", "emulator", "demo", "beam-metadata"],
+                   default="spanner")
+    p.add_argument("--project")
+    p.add_argument("--instance")
+    p.add_argument("--database")
+    p.add_argument("--stream", help="the change stream's name at the source")
+    p.add_argument("--as", dest="cache_stream", help="name in the cache (default: --stream)")
+    p.add_argument("--table", help="beam-metadata: the connector's partition metadata table")
+    p.add_argument("--start", help="RFC 3339 start (default: the source's beginning)")
+    p.add_argument("--end", help="RFC 3339 end (default: now, or the demo world's end)")
+    p.add_argument("--heartbeat-ms", type=int, default=config.DEFAULT_HEARTBEAT_MS)
+    p.add_argument("--dialect", choices=["googlesql", "postgresql"], default="googlesql")
+    p.add_argument("--spark-master", help=f"Spark master (default: ${config.SPARK_MASTER_ENVVAR}"
+                                          " or local[*])")
+    p.add_argument("--spark-remote", help="Spark Connect endpoint, e.g. sc://host:15002 "
+                                          f"(default: ${config.SPARK_REMOTE_ENVVAR})")
+    p.add_argument("--demo-seed", type=int, default=7)
+    p.add_argument("--demo-scale", type=float, default=1.0)
+    p.add_argument("--emulator-seconds", type=float, default=20.0,
+                   help="emulator: how many seconds of live workload to pull")
+
+    p = sub.add_parser("import", help="import recordings or other systems' change files")
+    cache_arg(p)
+    p.add_argument("--format", required=True)
+    p.add_argument("--stream", required=True, help="name of the stream in the cache")
+    p.add_argument("--table", help="table name when the messages do not carry it")
+    p.add_argument("--spark-master")
+    p.add_argument("paths", nargs="+")
+
+    p = sub.add_parser("export", help="write a cached Spanner stream as a recording")
+    cache_arg(p)
+    p.add_argument("--stream")
+    p.add_argument("--out", required=True)
+
+    p = sub.add_parser("report", help="what the cache knows about a stream")
+    cache_arg(p)
+    p.add_argument("--stream")
+    p.add_argument("--stall-after", type=float, default=60.0, metavar="SECONDS")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--fail-on-stall", action="store_true",
+                   help="exit 3 when a partition is stalled (for scripts and monitoring)")
+
+    p = sub.add_parser("history", help="every change of a table or key in commit order")
+    cache_arg(p)
+    p.add_argument("--stream")
+    p.add_argument("--table", required=True)
+    p.add_argument("--key", help='JSON object of key columns, e.g. \'{"AccountId": "Id1"}\'')
+    p.add_argument("--json", action="store_true")
+    return parser
+
+
+class _Progress:
+    """One updating line on a terminal; a line per step otherwise."""
+
+    def __init__(self):
+        self.tty = sys.stderr.isatty()
+
+    def __call__(self, p: Any) -> None:
+        if hasattr(p, "wave"):
+            text = (f"wave {p.wave}: {p.partitions_done}/{p.partitions_total} partitions, "
+                    f"{p.records:,} records - {p.message}")
+        else:
+            text = str(p)
+        if self.tty:
+            sys.stderr.write("\r\033[K" + text)
+        else:
+            sys.stderr.write(text + "\n")
+        sys.stderr.flush()
+
+    def done(self) -> None:
+        if self.tty:
+            sys.stderr.write("\n")
+
+
+def _open_cache(path: str, must_exist: bool = False):
+    from .cache.store import Cache
+
+    if must_exist and not os.path.exists(path):
+        raise BadInput(f"No cache file at {path}; pull or import a stream first.")
+    return Cache(path)
+
+
+def cmd_pull(args) -> int:
+    if args.source == "beam-metadata":
+        return _pull_beam(args)
+    from .pull import PullRequest, run_pull
+
+    request = PullRequest(
+        source=args.source, stream=args.cache_stream, source_stream=args.stream,
+        project=args.project, instance=args.instance, database=args.database,
+        dialect=args.dialect, start=args.start, end=args.end, heartbeat_ms=args.heartbeat_ms,
+        spark_master=args.spark_master, spark_remote=args.spark_remote,
+        demo_seed=args.demo_seed, demo_scale=args.demo_scale,
+        emulator_seconds=args.emulator_seconds,
+    )
+    progress = _Progress()
+    with _open_cache(args.cache) as cache:
+        result = run_pull(cache, request, progress)
+    progress.done()
+    if result.status == "failed":
+        print(f"error: {result.error}", file=sys.stderr)
+        return EXIT_FAILED
+    if result.status == "nothing-to-do":
+        print(f"{result.stream}: the range is already cached; nothing to read.")
+        return 0
+    print(f"{result.stream}: pulled {result.records:,} records from {result.partitions_read} "
+          f"partitions in {result.waves} waves ({result.seconds:.1f}s) into {args.cache}")
+    return 0
+
+
+def _pull_beam(args) -> int:
+    from .sources import beam_metadata
+
+    missing = [f"--{n}" for n in ("project", "instance", "database", "table")
+               if not getattr(args, n)]
+    if missing:
+        raise BadInput(f"--source beam-metadata needs {', '.join(missing)}.")
+    stream = args.cache_stream or args.stream or args.table
+    with _open_cache(args.cache) as cache:
+        summary = beam_metadata.pull_beam_metadata(
+            cache, stream, project=args.project, instance=args.instance,
+            database=args.database, table=args.table,
+            emulator_host=os.environ.get(config.EMULATOR_HOST_ENVVAR),
+        )
+    print(f"{stream}: {json.dumps(summary, default=str)}")
+    return 0
+
+
+def cmd_import(args) -> int:
+    from .sources.files import import_files
+
+    options = {"table": args.table} if args.table else {}
+    progress = _Progress()
+    with _open_cache(args.cache) as cache:
+        result = import_files(cache, args.stream, args.format, args.paths, options, progress,
+                              spark_master=args.spark_master)
+    progress.done()
+    print(f"{result.stream}: imported {result.records:,} records from "
+          f"{result.files - result.skipped_files} file(s)"
+          + (f", {result.skipped_files} already imported" if result.skipped_files else "")
+          + (f", {result.duplicates} duplicate(s)" if result.duplicates else "")
+          + (f"; {result.bad} bad record(s) kept in quarantine" if result.bad else ""))
+    for example in result.bad_examples:
+        print(f"  bad: {example}", file=sys.stderr)
+    return 0
+
+
+def cmd_export(args) -> int:
+    from .sources.files import export_recording
+
+    with _open_cache(args.cache, must_exist=True) as cache:
+        stream = cache.resolve_stream(args.stream)
+        lines = export_recording(cache, stream, args.out)
+    print(f"{stream}: wrote {lines:,} lines to {args.out}")
+    return 0
+
+
+def cmd_report(args) -> int:
+    from .analysis.report import build_report, to_json
+
+    with _open_cache(args.cache, must_exist=True) as cache:
+        stream = cache.resolve_stream(args.stream)
+        report = build_report(cache.con, stream, args.stall_after)
+    if args.json:
+        print(to_json(report))
+    else:
+        parts = report["partitions"]
+        print(f"stream {stream} ({report['system']}) {report['range']['start']} .. "
+              f"{report['range']['end']}")
+        print(f"partitions: {len(parts)} ({sum(p['finished'] for p in parts)} finished, "
+              f"{sum(not p['finished'] for p in parts)} not finished); edges: "
+              + ", ".join(f"{k} {sum(e['kind'] == k for e in report['edges'])}"
+                          for k in ("root", "split", "merge", "move")))
+        r = report["records"]
+        print(f"records: {r['data_change']:,} data change, {r['heartbeat']:,} heartbeat, "
+              f"{r['child_partitions']:,} child partitions; duplicates: {report['duplicates']}")
+        t = report["transactions"]
+        print(f"transactions: {t['total']:,} ({t['complete']:,} complete, "
+              f"{len(t['incomplete']):,} incomplete)")
+        print(f"low watermark: {report['low_watermark']}"
+              + (f", held back by partition {report['holding_back']}"
+                 if report["holding_back"] else ""))
+        stalled = [p for p in parts if p["stalled"]]
+        for p in stalled:
+            print(f"STALLED: partition {p['token']} at {p['watermark']}")
+        for a in report["anomalies"][:50]:
+            print(f"anomaly {a['kind']}: partition {a['partition']} at {a['at']}: {a['detail']}")
+        if len(report["anomalies"]) > 50:
+            print(f"... and {len(report['anomalies']) - 50} more anomalies (use --json)")
+    if args.fail_on_stall and any(p["stalled"] for p in report["partitions"]):
+        return EXIT_STALLED
+    return 0
+
+
+def cmd_history(args) -> int:
+    from .analysis.transactions import history
+    from .timestamps import format_ns
+
+    with _open_cache(args.cache, must_exist=True) as cache:
+        stream = cache.resolve_stream(args.stream)
+        try:
+            df = history(cache.con, stream, args.table, args.key)
+        except ValueError as e:
+            raise BadInput(f"--key: {e}") from e
+        known = [r[0] for r in cache.con.execute(
+            "SELECT DISTINCT table_name FROM data_change_records WHERE stream = ? ORDER BY 1",
+            [stream]).fetchall()]
+    if df.empty and args.table not in known:
+        raise BadInput(f"No table {args.table!r} in stream {stream!r}; tables: "
+                       f"{', '.join(known) or 'none'}.")
+    items = [
+        {
+            "commit_timestamp": format_ns(int(r.commit_ns)),
+            "mod_type": r.mod_type,
+            "keys": json.loads(r.keys),
+            "old_values": json.loads(r.old_values) if r.old_values else {},
+            "new_values": json.loads(r.new_values) if r.new_values else {},
+            "transaction_id": r.transaction_id,
+            "partition": r.partition,
+            "record_sequence": r.record_sequence,
+        }
+        for r in df.itertuples()
+    ]
+    if args.json:
+        print(json.dumps(items, indent=2, ensure_ascii=False))
+    else:
+        for it in items:
+            print(f"{it['commit_timestamp']} {it['mod_type']:<6} {json.dumps(it['keys'])} "
+                  f"old={json.dumps(it['old_values'])} new={json.dumps(it['new_values'])} "
+                  f"txn={it['transaction_id']} partition={it['partition']}")
+        print(f"{len(items)} change(s)", file=sys.stderr)
+    return 0
+
+
+COMMANDS = {"pull": cmd_pull, "import": cmd_import, "export": cmd_export, "report": cmd_report,
+            "history": cmd_history}
+
+
+def main(argv: list[str] | None = None) -> int:
+    config.quiet_local_client_env()
+    args = build_parser().parse_args(argv)
+    try:
+        return COMMANDS[args.command](args)
+    except BadInput as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except InspectorError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_FAILED
+    except KeyboardInterrupt:
+        print("interrupted: the cache is consistent; run the same pull again to resume.",
+              file=sys.stderr)
+        return 130
+    except Exception as e:  # last resort: still one line, never a traceback
+        first = (str(e).splitlines() or [""])[0]
+        print(f"error: unexpected {type(e).__name__}: {first}", file=sys.stderr)
+        return EXIT_FAILED

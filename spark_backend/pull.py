@@ -1,0 +1,354 @@
+"""Pull orchestration: read a time range of a change stream through Spark into the cache.
+
+The query workflow of the reference doc, wave by wave: the initial query (NULL token) runs on
+the driver and names the first partitions; each wave reads every partition that can be read now
+(a child with several parents only once all of them finished) in parallel, one Spark task per
+partition, from its start to the range end; each wave lands in the cache in one transaction.
+The cache remembers every partition's state, so a pull that stopped half-way (a crash, a
+failing partition) is resumed by pulling again, and a later end reads only the new span.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from . import config
+from .cache.store import Cache
+from .errors import BadInput, InspectorError, PullFailed, SourceError
+from .records import to_arrow_batch
+from .sources.spanner import (
+    SpannerTarget, describe_error, open_database, read_partition_rows, validate_dialect,
+    validate_heartbeat, validate_stream_name,
+)
+from .timestamps import TimestampError, coerce_ns, format_ns, now_ns
+
+SOURCES = ("demo", "emulator", "spanner")
+
+
+@dataclass
+class PullRequest:
+    source: str
+    stream: str | None = None            # name in the cache (default: the source stream)
+    source_stream: str | None = None     # the change stream's name at the source
+    project: str | None = None
+    instance: str | None = None
+    database: str | None = None
+    dialect: str = "googlesql"
+    start: str | int | None = None
+    end: str | int | None = None
+    heartbeat_ms: int = config.DEFAULT_HEARTBEAT_MS
+    spark_master: str | None = None
+    spark_remote: str | None = None
+    demo_seed: int = 7
+    demo_scale: float = 1.0
+    demo_faults: dict[str, Any] = field(default_factory=dict)
+    emulator_seconds: float = 20.0
+    max_attempts: int = 6
+
+
+@dataclass
+class PullProgress:
+    wave: int
+    partitions_done: int
+    partitions_total: int
+    records: int
+    message: str
+
+
+@dataclass
+class PullResult:
+    stream: str
+    status: str                    # complete | failed | nothing-to-do
+    records: int = 0
+    waves: int = 0
+    partitions_read: int = 0
+    error: str | None = None
+    failed_partition: str | None = None
+    pull_id: int | None = None
+    seconds: float = 0.0
+
+
+@dataclass
+class _Source:
+    target: SpannerTarget
+    source_stream: str
+    default_start_ns: int | None
+    default_end_ns: int | None
+    location: str
+
+
+def _validated(request: PullRequest) -> PullRequest:
+    if request.source not in SOURCES:
+        raise BadInput(
+            f"Unknown source {request.source!r}; accepted sources are {', '.join(SOURCES)}."
+        )
+    validate_dialect(request.dialect)
+    validate_heartbeat(request.heartbeat_ms)
+    if request.source_stream is not None:
+        validate_stream_name(request.source_stream)
+    if request.source == "spanner":
+        missing = [n for n in ("project", "instance", "database", "source_stream")
+                   if not getattr(request, n)]
+        if missing:
+            flags = ", ".join("--stream" if m == "source_stream" else f"--{m}" for m in missing)
+            raise BadInput(f"The spanner source needs {flags}.")
+    for label in ("start", "end"):
+        value = getattr(request, label)
+        if value is not None:
+            try:
+                setattr(request, label, coerce_ns(value))
+            except TimestampError as e:
+                raise BadInput(f"--{label}: {e}.") from e
+    if request.start is not None and request.end is not None and request.start > request.end:
+        raise BadInput(
+            f"--start {format_ns(request.start)} is after --end {format_ns(request.end)}; "
+            "the start must be before or at the end."
+        )
+    if request.start is not None and request.source != "demo" and request.start > now_ns() + 1e9:
+        raise BadInput(
+            f"--start {format_ns(request.start)} is in the future; change streams can only be "
+            "read from the past (within the retention period)."
+        )
+    return request
+
+
+@contextlib.contextmanager
+def _open_source(request: PullRequest) -> Iterator[_Source]:
+    """Start what the source needs (demo server, emulator) and stop it afterwards."""
+    if request.source == "demo":
+        from fixtures.demo_world import DEMO_STREAM, build_world
+
+        from .sources.demo_server import DemoServer
+
+        world = build_world(seed=request.demo_seed, scale=request.demo_scale)
+        server = DemoServer(world, dialect=request.dialect, **request.demo_faults)
+        host = server.start()
+        try:
+            target = SpannerTarget("demo-project", "demo-instance", "demo-db", request.dialect,
+                                   host)
+            yield _Source(target, request.source_stream or DEMO_STREAM, world.start,
+                          world.end, f"demo world seed={request.demo_seed} "
+                          f"scale={request.demo_scale}")
+        finally:
+            server.stop()
+        return
+    if request.source == "emulator":
+        from .sources import emulator
+
+        try:
+            world = emulator.start_emulator_world(dialect=request.dialect, churn_seconds=2)
+        except emulator.EmulatorNotInstalled as e:
+            raise SourceError(str(e)) from e
+        except (emulator.EmulatorStartError, emulator.EmulatorProvisionError) as e:
+            raise SourceError(f"The Cloud Spanner emulator did not start: {e}") from e
+        try:
+            with world.workload(seed=request.demo_seed):
+                target = SpannerTarget(world.project, world.instance, world.database,
+                                       request.dialect, world.host)
+                start = int(world.created_at.timestamp() * 1e9)
+                end = start + int(request.emulator_seconds * 1e9)
+                yield _Source(target, world.stream, start, end,
+                              f"local emulator {world.project}/{world.instance}/{world.database}")
+        finally:
+            world.stop()
+        return
+    target = SpannerTarget(request.project, request.instance, request.database, request.dialect)
+    yield _Source(target, request.source_stream, None, None, target.path)
+
+
+# --- the wave loop ---------------------------------------------------------------------------
+
+
+def _frontier(cache: Cache, stream: str, end_ns: int) -> list[tuple[str, int]]:
+    """Partitions readable now: never read (all parents finished), open, or failed."""
+    rows = cache.con.execute(
+        """
+        SELECT p.token, epoch_ns(CASE
+                 WHEN p.state = 'open' THEN p.read_to
+                 WHEN p.state = 'incomplete' THEN coalesce(p.watermark, p.read_from, p.start_ts)
+                 ELSE p.start_ts END) AS from_ns, p.state
+        FROM partitions p
+        WHERE p.stream = $stream
+          AND (p.state IN ('pending', 'incomplete')
+               OR (p.state = 'open' AND p.read_to < make_timestamp_ns($end)))
+          AND NOT EXISTS (
+              SELECT 1 FROM edges e JOIN partitions q ON q.stream = e.stream AND q.token = e.parent
+              WHERE e.stream = $stream AND e.child = p.token AND q.state <> 'finished')
+          AND coalesce(p.start_ts, make_timestamp_ns(0)) <= make_timestamp_ns($end)
+        ORDER BY p.start_ts, p.token""",
+        {"stream": stream, "end": end_ns},
+    ).fetchall()
+    # An open partition returned every record up to read_to: continue right after it.
+    return [(tok, int(ns) + (1 if state == "open" else 0)) for tok, ns, state in rows]
+
+
+def _initial_query(cache, stream, pull_id, src, request, start_ns, end_ns) -> int:
+    """The NULL-token query, on the driver: names the first partitions (and fails fast)."""
+    database = open_database(src.target)
+    rows = list(read_partition_rows(
+        database, request.dialect, src.source_stream, None, start_ns, end_ns,
+        request.heartbeat_ms, max_attempts=request.max_attempts,
+    ))
+    failed = [r for r in rows if r["kind"] == "partition_end"]
+    if failed:
+        detail = json.loads(failed[0]["extra"])
+        raise SourceError(detail.get("error") or "The initial change stream query failed.")
+    stats = cache.ingest(stream, pull_id, to_arrow_batch(rows))
+    return stats.child_partitions
+
+
+def _read_wave(spark, src, request, parts, end_ns, staging: Path) -> Any:
+    """Run one Spark job over the wave's partitions; returns what to ingest."""
+    from .spark.session import is_remote
+
+    options = {
+        "project": src.target.project, "instance": src.target.instance,
+        "database": src.target.database, "dialect": src.target.dialect,
+        "host": src.target.host or "", "stream": src.source_stream,
+        "heartbeat_ms": str(request.heartbeat_ms), "end_ns": str(end_ns),
+        "max_attempts": str(request.max_attempts),
+        "partitions": json.dumps([{"token": t, "start_ns": s} for t, s in parts]),
+    }
+    df = spark.read.format("spanner_change_stream").options(**options).load()
+    if is_remote(spark):
+        return df.toArrow()  # Spark Connect: the cluster cannot write into our staging folder
+    df.write.mode("overwrite").parquet(str(staging))
+    return str(staging / "*.parquet")
+
+
+def _wave_outcome(cache: Cache, batch: Any) -> tuple[int, list[tuple[str, str]]]:
+    """(data rows, [(partition, error)] of partitions that ended incomplete) of a wave."""
+    con = cache.cursor()
+    if isinstance(batch, str):
+        con.read_parquet(batch).create_view("w")
+    else:
+        con.register("w", batch)
+    total = con.execute(
+        "SELECT count(*) FROM w WHERE kind IN ('data_change', 'heartbeat', 'child_partitions')"
+    ).fetchone()[0]
+    failed = con.execute(
+        "SELECT partition_token, extra ->> 'error' FROM w WHERE kind = 'partition_end' "
+        "AND (extra ->> 'state') = 'incomplete' ORDER BY partition_token"
+    ).fetchall()
+    con.close()
+    return int(total), [(t, e) for t, e in failed]
+
+
+def run_pull(
+    cache: Cache,
+    request: PullRequest,
+    progress: Callable[[PullProgress], None] | None = None,
+) -> PullResult:
+    """Pull ``[start, end]`` of a change stream into the cache; see the module docstring."""
+    request = _validated(request)
+    report = progress or (lambda p: None)
+    began = time.monotonic()
+    from .spark.session import spark_session
+
+    # Start the JVM before any gRPC channel exists: forking next to gRPC threads is fragile.
+    spark = spark_session(request.spark_master, request.spark_remote)
+    with _open_source(request) as src:
+        stream = request.stream or src.source_stream
+        info = cache.stream_info(stream)
+        start_ns = request.start if request.start is not None else src.default_start_ns
+        if start_ns is None and info is not None:
+            start_ns = int(info["range_start"].timestamp() * 1e9) if info["range_start"] else None
+        if start_ns is None:
+            raise BadInput("--start is required for this source (RFC 3339, e.g. "
+                           "2026-01-05T09:00:00Z).")
+        end_ns = request.end if request.end is not None else (src.default_end_ns or now_ns())
+        if start_ns > end_ns:
+            raise BadInput(f"--start {format_ns(start_ns)} is after the end {format_ns(end_ns)}.")
+        cache.ensure_stream(
+            stream, system="spanner", source=request.source, dialect=request.dialect,
+            location=src.location, source_stream=src.source_stream,
+            heartbeat_ms=request.heartbeat_ms,
+        )
+        _check_range(cache, stream, start_ns)
+        cache.con.execute(
+            "UPDATE pulls SET status = 'interrupted' WHERE stream = ? AND status = 'running'",
+            [stream],
+        )
+        pull_id = cache.begin_pull(stream, request.source, start_ns, end_ns, request.heartbeat_ms)
+        result = PullResult(stream=stream, status="running", pull_id=pull_id)
+        try:
+            _run_waves(cache, spark, stream, pull_id, src, request, start_ns, end_ns, report,
+                       result)
+        except InspectorError as e:
+            result.status, result.error = "failed", str(e)
+            result.failed_partition = getattr(e, "partition", None)
+        except KeyboardInterrupt:
+            cache.finish_pull(pull_id, "interrupted", error="interrupted by the user")
+            raise
+        except Exception as e:  # Spark or the source failed in a way we did not foresee
+            result.status = "failed"
+            result.error = f"The pull failed: {describe_error(e)}"
+        cache.finish_pull(pull_id, result.status, error=result.error,
+                          failed_partition=result.failed_partition, waves=result.waves)
+    result.seconds = time.monotonic() - began
+    return result
+
+
+def _check_range(cache: Cache, stream: str, start_ns: int) -> None:
+    row = cache.con.execute(
+        "SELECT epoch_ns(range_start), (SELECT count(*) FROM partitions WHERE stream = ?) "
+        "FROM streams WHERE stream = ?", [stream, stream],
+    ).fetchone()
+    if row and row[0] is not None and row[1] and start_ns < row[0]:
+        raise BadInput(
+            f"The cache holds {stream!r} from {format_ns(row[0])}; a pull can extend it to a "
+            "later end but not to an earlier start; give this pull another name with --as."
+        )
+
+
+def _run_waves(
+    cache, spark, stream, pull_id, src, request, start_ns, end_ns, report, result
+) -> None:
+    has_partitions = cache.con.execute(
+        "SELECT count(*) FROM partitions WHERE stream = ?", [stream]
+    ).fetchone()[0]
+    if not has_partitions:
+        report(PullProgress(0, 0, 0, 0, "initial query"))
+        _initial_query(cache, stream, pull_id, src, request, start_ns, end_ns)
+    parts = _frontier(cache, stream, end_ns)
+    if not parts and has_partitions:
+        result.status = "nothing-to-do"
+        return
+    staging_root = Path(tempfile.mkdtemp(prefix="csi-pull-", dir=cache.path.parent))
+    done = 0
+    try:
+        while parts:
+            result.waves += 1
+            total = done + len(parts)
+            report(PullProgress(result.waves, done, total, result.records,
+                                f"wave {result.waves}: reading {len(parts)} partitions"))
+            staging = staging_root / f"wave-{result.waves}"
+            batch = _read_wave(spark, src, request, parts, end_ns, staging)
+            rows, failed = _wave_outcome(cache, batch)
+            cache.ingest(stream, pull_id, batch, extra_sql=[(
+                "UPDATE pulls SET records = records + ?, waves = ? WHERE pull_id = ?",
+                [rows, result.waves, pull_id])])
+            shutil.rmtree(staging, ignore_errors=True)
+            done += len(parts)
+            result.records += rows
+            result.partitions_read = done
+            report(PullProgress(result.waves, done, total, result.records,
+                                f"wave {result.waves} landed"))
+            if failed:
+                token, error = failed[0]
+                raise PullFailed(
+                    f"Partition {token} failed after retries ({error}); what was read is kept "
+                    "and marked incomplete: pull again to resume.", partition=token,
+                )
+            parts = _frontier(cache, stream, end_ns)
+        result.status = "complete"
+    finally:
+        shutil.rmtree(staging_root, ignore_errors=True)

@@ -1,0 +1,141 @@
+"""PySpark Python data sources (Spark 4 API).
+
+- ``SpannerChangeStreamDataSource`` (``spanner_change_stream``): one input partition per change
+  stream partition; each yields Arrow batches of ``records.RECORD_FIELDS`` rows.
+- ``ChangeFilesDataSource`` (``change_files``): one input partition per file of a supported
+  format; each yields the format's rows (bad input as ``kind='bad'`` rows).
+
+Reader state must pickle: only option strings and plain values; clients are opened and heavy
+libraries imported inside ``read()``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+
+from ..records import SPARK_DDL
+
+BATCH_ROWS = 4096
+
+
+@dataclass
+class ChangeStreamPartition(InputPartition):
+    index: int
+    token: str | None
+    start_ns: int
+
+
+@dataclass
+class FilePartition(InputPartition):
+    index: int
+    path: str
+
+
+def _require(options: dict, name: str) -> str:
+    value = options.get(name)
+    if value is None or value == "":
+        raise ValueError(f"Option {name!r} is required.")
+    return value
+
+
+class SpannerChangeStreamDataSource(DataSource):
+    """Options: project, instance, database, dialect, host (optional), stream, heartbeat_ms,
+    end_ns, partitions (JSON list of {"token", "start_ns"}), max_attempts."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "spanner_change_stream"
+
+    def schema(self) -> str:
+        return SPARK_DDL
+
+    def reader(self, schema) -> SpannerChangeStreamDataSourceReader:
+        return SpannerChangeStreamDataSourceReader(self.options)
+
+
+class SpannerChangeStreamDataSourceReader(DataSourceReader):
+    def __init__(self, options: dict):
+        from ..sources.spanner import (
+            SpannerTarget, validate_dialect, validate_heartbeat, validate_stream_name,
+        )
+
+        self.project = _require(options, "project")
+        self.instance = _require(options, "instance")
+        self.database = _require(options, "database")
+        self.dialect = validate_dialect(options.get("dialect", "googlesql"))
+        self.host = options.get("host") or None
+        self.stream = validate_stream_name(_require(options, "stream"))
+        self.heartbeat_ms = validate_heartbeat(int(_require(options, "heartbeat_ms")))
+        self.end_ns = int(_require(options, "end_ns"))
+        self.max_attempts = int(options.get("max_attempts", "6"))
+        try:
+            parts = json.loads(_require(options, "partitions"))
+            self.parts = [(p["token"], int(p["start_ns"])) for p in parts]
+        except (ValueError, KeyError, TypeError) as e:
+            raise ValueError(
+                'Option "partitions" must be a JSON list of {"token": ..., "start_ns": ...}.'
+            ) from e
+        SpannerTarget(self.project, self.instance, self.database, self.dialect, self.host)
+
+    def partitions(self) -> list[ChangeStreamPartition]:
+        return [ChangeStreamPartition(i, tok, start) for i, (tok, start) in enumerate(self.parts)]
+
+    def read(self, partition: ChangeStreamPartition):
+        from .. import config
+        from ..records import batched, to_arrow_batch
+        from ..sources.spanner import SpannerTarget, open_database, read_partition_rows
+
+        config.quiet_local_client_env()
+        target = SpannerTarget(self.project, self.instance, self.database, self.dialect, self.host)
+        database = open_database(target)
+        rows = read_partition_rows(
+            database, self.dialect, self.stream, partition.token, partition.start_ns,
+            self.end_ns, self.heartbeat_ms, max_attempts=self.max_attempts,
+        )
+        for batch in batched(rows, BATCH_ROWS):
+            yield to_arrow_batch(batch)
+
+
+class ChangeFilesDataSource(DataSource):
+    """Options: format, paths (JSON list of files), table (optional)."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "change_files"
+
+    def schema(self) -> str:
+        return SPARK_DDL
+
+    def reader(self, schema) -> ChangeFilesDataSourceReader:
+        return ChangeFilesDataSourceReader(self.options)
+
+
+class ChangeFilesDataSourceReader(DataSourceReader):
+    def __init__(self, options: dict):
+        from .. import formats
+
+        self.format = _require(options, "format")
+        formats.get(self.format)  # validates the name, listing the accepted ones
+        self.paths = json.loads(_require(options, "paths"))
+        self.format_options = {k: v for k, v in options.items() if k not in ("format", "paths")}
+
+    def partitions(self) -> list[FilePartition]:
+        return [FilePartition(i, p) for i, p in enumerate(self.paths)]
+
+    def read(self, partition: FilePartition):
+        from .. import formats
+        from ..records import bad_row, batched, to_arrow_batch
+
+        module = formats.get(self.format)
+
+        def rows():
+            try:
+                yield from module.parse_file(partition.path, dict(self.format_options))
+            except (OSError, UnicodeError, ValueError) as e:
+                yield bad_row(partition.path, None, "", f"cannot read the file: {e}")
+
+        for batch in batched(rows(), BATCH_ROWS):
+            yield to_arrow_batch(batch)

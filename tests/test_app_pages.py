@@ -1,0 +1,256 @@
+"""Every page under AppTest on the demo cache: what the page shows, checked against the demo
+world's ground truth; bad input shows a message in place and the app keeps working."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+sys.path.insert(0, str(Path(__file__).parent))
+from conftest_app import DEMO_SCALE, DEMO_SEED, pull_demo  # noqa: E402
+
+from app import queries, sql_console  # noqa: E402
+from app.formatting import short  # noqa: E402
+from fixtures.demo_world import build_world  # noqa: E402
+from spark_backend import analysis  # noqa: E402
+from spark_backend.cache.store import Cache  # noqa: E402
+
+MAIN = str(Path(__file__).resolve().parent.parent / "app" / "main.py")
+
+
+@pytest.fixture(scope="module")
+def world():
+    return build_world(DEMO_SEED, DEMO_SCALE)
+
+
+@pytest.fixture(scope="module")
+def demo_cache(tmp_path_factory) -> str:
+    return pull_demo(str(tmp_path_factory.mktemp("app") / "demo.duckdb"))
+
+
+@pytest.fixture(scope="module")
+def truth(demo_cache):
+    with Cache(demo_cache, read_only=True) as cache:
+        return {
+            "holder": analysis.holding_back(cache.con, "DemoStream"),
+            "parts": analysis.partitions(cache.con, "DemoStream"),
+            "replay": queries.watermark_replay(cache.con, "DemoStream", 240),
+        }
+
+
+def app(cache: str, page: str | None = None, **params: str) -> AppTest:
+    at = AppTest.from_file(MAIN, default_timeout=120)
+    at.session_state["cache_path"] = cache
+    for name, value in params.items():
+        at.query_params[name] = value
+    at.run()
+    if page:
+        at.switch_page(f"../pages/{page}.py").run()
+    assert not at.exception, [e.value for e in at.exception]
+    return at
+
+
+def texts(at: AppTest) -> str:
+    return "\n".join([m.value for m in at.markdown] + [c.value for c in at.caption]
+                     + [i.value for i in at.info] + [e.value for e in at.error])
+
+
+def frames(at: AppTest):
+    return [d.value for d in at.dataframe]
+
+
+def test_overview_shows_the_stream_at_a_glance(demo_cache, world, truth):
+    at = app(demo_cache)
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["Partitions"] == str(len(world.partitions))
+    assert metrics["Data change records"] == f"{world.num_data_change_records:,}"
+    assert metrics["Transactions"] == f"{len(world.transactions):,}"
+    assert f"partition `{truth['holder']['partition']}` has held the stream back" in texts(at)
+    assert at.title[0].value == "DemoStream"
+
+
+def test_dag_lists_the_merge_and_drills_into_a_partition(demo_cache, world):
+    merge = next(p for p in world.partitions if len(p.parents) >= 2)
+    at = app(demo_cache, "dag", partition=merge.token)
+    shown = texts(at)
+    assert f"Partition `{merge.token}`" in shown
+    edges = frames(at)[0]
+    merged = edges[(edges["child"] == merge.token) & (edges["kind"] == "merge")]
+    assert sorted(merged["parent"]) == sorted(merge.parents)
+    labels = [b.label for b in at.button]
+    for parent in merge.parents:
+        assert f"↑ {short(parent, 24)}" in labels
+    assert len(at.get("plotly_chart")) == 1
+    # A parent button drills into that parent.
+    at.button(key=f"parent-{merge.parents[0]}").click().run()
+    assert at.query_params["partition"] == [merge.parents[0]]
+    assert f"Partition `{merge.parents[0]}`" in texts(at)
+
+
+def test_dag_unknown_partition_is_a_message(demo_cache):
+    at = app(demo_cache, "dag", partition="no-such-token")
+    assert any("No partition 'no-such-token'" in e.value for e in at.error)
+
+
+def test_watermarks_name_the_partition_holding_back(demo_cache, world, truth):
+    at = app(demo_cache, "watermarks")
+    holder = truth["holder"]["partition"]
+    assert f"Partition `{holder}` has held the stream back for" in texts(at)
+    # Replay to the middle of the demo's stall: the stalled partition holds the watermark.
+    token, stall_from, stall_to = world.stall
+    at.session_state["replay_at"] = (stall_from + stall_to) // 2
+    at.run()
+    assert not at.exception
+    assert f"partition `{token}` held the stream back" in texts(at)
+    at.number_input(key="stall_input").set_value(30.0).run()
+    stalled = frames(at)[0]
+    assert token in set(stalled["partition"])
+    assert list(stalled["lag_s"]) == sorted(stalled["lag_s"], reverse=True)
+
+
+def test_transaction_records_in_order(demo_cache, world):
+    txid, info = next((t, i) for t, i in sorted(world.transactions.items())
+                      if len(i.partitions) >= 3)
+    at = app(demo_cache, "transactions", txn=txid)
+    assert f"Transaction {txid}" in [s.value for s in at.subheader]
+    records = frames(at)[0]
+    assert records["record_sequence"].nunique() == info.num_records
+    assert set(records["partition"]) == set(info.partitions)
+    order = list(zip(records["commit_timestamp"], records["record_sequence"], strict=True))
+    assert order == sorted(order)
+    side = frames(at)[1]
+    assert {"old", "new", "column"} <= set(side.columns)
+
+
+def test_transaction_filters_and_key_history(demo_cache):
+    at = app(demo_cache, "transactions")
+    at.selectbox(key="tx_table").set_value("Accounts").run()
+    assert not at.exception
+    at.text_input(key="hist_key_input").set_value("{not json").run()
+    assert any("The key is not JSON" in e.value for e in at.error)
+    at.text_input(key="hist_key_input").set_value('{"AccountId": "acc-0000001"}').run()
+    hist = frames(at)[-1]
+    assert len(hist) > 0 and (hist["keys"] == '{"AccountId":"acc-0000001"}').all()
+
+
+def test_records_filters_paging_and_bad_key(demo_cache, world):
+    at = app(demo_cache, "records")
+    assert f"{world.num_data_change_records:,} rows match" in texts(at)
+    assert "rows 1–100" in texts(at)
+    at.button(key="rec_next").click().run()
+    assert "rows 101–200" in texts(at)
+    at.toggle(key="rec_hide_hb").set_value(False).run()
+    page = frames(at)[0]
+    assert "heartbeat" in set(page["kind"]) or "rows 1–100" in texts(at)
+    at.text_input(key="rec_key").set_value("[1, 2]").run()
+    assert any("A key is a JSON object" in e.value for e in at.error)
+
+
+def test_sql_console_runs_and_refuses(demo_cache):
+    at = app(demo_cache, "sql")
+    assert frames(at), "the default query shows rows"
+    at.selectbox(key="sql_ex").set_value("Partitions by state").run()
+    states = frames(at)[0]
+    assert set(states["state"]) <= {"open", "finished", "pending", "incomplete"}
+    at.selectbox(key="sql_ex").set_value("(write your own)").run()
+    text = [t for t in at.text_area if t.key.startswith("sql_text")][0]
+    text.set_value("DROP TABLE partitions").run()
+    at.button(key="sql_run").click().run()
+    assert any("read-only" in e.value for e in at.error)
+
+
+REFUSED = [
+    ("INSERT INTO meta VALUES ('a', 'b')", "read-only"),
+    ("UPDATE partitions SET state = 'x'", "read-only"),
+    ("DELETE FROM heartbeats", "read-only"),
+    ("CREATE TABLE x (a INT)", "read-only"),
+    ("ATTACH '/tmp/other.duckdb' AS o", "read-only"),
+    ("INSTALL httpfs", "read-only"),
+    ("LOAD httpfs", "read-only"),
+    ("COPY partitions TO '/tmp/out.csv'", "read-only"),
+    ("SET threads = 1", "read-only"),
+    ("SELECT * FROM read_csv('/etc/passwd')", "read_csv"),
+    ("SELECT * FROM read_parquet('/tmp/*.parquet')", "read_parquet"),
+    ("SELECT * FROM '/etc/passwd'", "not a table of the cache"),
+    ("DESCRIBE '/etc/passwd'", "not a table of the cache"),
+    ("SELECT * FROM glob('/*')", "glob"),
+    ("SELECT read_text('/etc/passwd')", "read_text"),
+    ("SELECT nextval('pull_ids')", "nextval"),
+    ("SELECT getenv('HOME')", "getenv"),
+    ("SELECT * FROM other.main.partitions", "own tables"),
+    ("SELECT 1; SELECT 2", "one statement"),
+    ("EXPLAIN ANALYZE SELECT 1", "EXPLAIN ANALYZE"),
+]
+
+
+@pytest.mark.parametrize(("sql", "why"), REFUSED)
+def test_sql_console_refusals(demo_cache, sql, why):
+    with Cache(demo_cache, read_only=True) as cache:
+        before = cache.con.execute("SELECT count(*) FROM partitions").fetchone()
+        with pytest.raises(sql_console.Refused, match=why):
+            sql_console.run(cache.cursor(), sql)
+        assert cache.con.execute("SELECT count(*) FROM partitions").fetchone() == before
+
+
+def test_sql_console_accepts_plain_queries(demo_cache):
+    with Cache(demo_cache, read_only=True) as cache:
+        for sql in [*sql_console.EXAMPLES.values(), "SHOW TABLES", "SUMMARIZE edges",
+                    "EXPLAIN SELECT * FROM partitions", "FROM streams"]:
+            assert len(sql_console.run(cache.cursor(), sql).frame) > 0, sql
+
+
+def test_sources_errors_next_to_their_field(demo_cache):
+    at = app(demo_cache, "sources")
+    listed = frames(at)[0]
+    assert "DemoStream" in set(listed["stream"])
+    at.text_input(key="src_start").set_value("yesterday")
+    at.number_input(key="src_heartbeat").set_value(0)
+    at.button(key="src_go").click().run()
+    assert not at.exception
+    errors = [e.value for e in at.error]
+    assert any("'yesterday' is not a timestamp" in e for e in errors)
+    assert any("The heartbeat must be between 1000 and 300000 ms." in e for e in errors)
+    at.radio(key="src_source").set_value("spanner").run()
+    at.button(key="src_go").click().run()
+    assert any("Cloud Spanner needs the project." in e.value for e in at.error)
+
+
+def test_unknown_stream_and_bad_range_keep_working(demo_cache):
+    at = app(demo_cache, stream="Nope", start="not-a-time")
+    errors = [e.value for e in at.sidebar.error]
+    assert any("No stream 'Nope'" in e for e in errors)
+    assert any("Range start" in e for e in errors)
+    assert at.title[0].value == "DemoStream"
+
+
+def test_unusable_cache_is_a_message(tmp_path):
+    bad = tmp_path / "not-a-cache.duckdb"
+    bad.write_text("this is not a DuckDB file")
+    at = AppTest.from_file(MAIN, default_timeout=60)
+    at.session_state["cache_path"] = str(bad)
+    at.run()
+    assert not at.exception
+    assert at.sidebar.error and "not-a-cache.duckdb" in at.sidebar.error[0].value
+
+
+def test_walkthrough_steps_highlight_what_they_talk_about(demo_cache, world):
+    at = app(demo_cache)
+    at.sidebar.toggle[0].set_value(True).run()
+    titles = []
+    for _ in range(5):
+        assert not at.exception
+        info = [i.value for i in at.info if "Walkthrough" in i.value]
+        assert info, "each step explains itself on its page"
+        titles.append(info[0])
+        nxt = at.button(key="wt_next")
+        if nxt.disabled:
+            break
+        nxt.click().run()
+    joined = "\n".join(titles)
+    for title in ("A split", "A merge", "A transaction across partitions",
+                  "The stall holding the watermark back"):
+        assert title in joined
+    assert world.stall[0] in titles[-1]
