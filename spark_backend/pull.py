@@ -52,6 +52,7 @@ class PullRequest:
     demo_faults: dict[str, Any] = field(default_factory=dict)
     emulator_seconds: float = 20.0
     max_attempts: int = 6
+    threads_per_task: int = 8
 
 
 @dataclass
@@ -215,6 +216,7 @@ def _read_wave(spark, src, request, parts, end_ns, staging: Path) -> Any:
         "host": src.target.host or "", "stream": src.source_stream,
         "heartbeat_ms": str(request.heartbeat_ms), "end_ns": str(end_ns),
         "max_attempts": str(request.max_attempts),
+        "tasks": str(_task_slots(spark)), "threads": str(request.threads_per_task),
         "partitions": json.dumps([{"token": t, "start_ns": s} for t, s in parts]),
     }
     df = spark.read.format("spanner_change_stream").options(**options).load()
@@ -224,8 +226,20 @@ def _read_wave(spark, src, request, parts, end_ns, staging: Path) -> Any:
     return str(staging / "*.parquet")
 
 
-def _wave_outcome(cache: Cache, batch: Any) -> tuple[int, list[tuple[str, str]]]:
-    """(data rows, [(partition, error)] of partitions that ended incomplete) of a wave."""
+def _known_partitions(cache: Cache, stream: str) -> int:
+    return int(cache.con.execute(
+        "SELECT count(*) FROM partitions WHERE stream = ?", [stream]).fetchone()[0])
+
+
+def _task_slots(spark) -> int:
+    try:
+        return max(1, int(spark.sparkContext.defaultParallelism))
+    except Exception:  # Spark Connect has no SparkContext
+        return 4
+
+
+def _wave_outcome(cache: Cache, batch: Any) -> tuple[int, int, list[tuple[str, str]]]:
+    """(record rows, partitions read, [(partition, error)] of those that ended incomplete)."""
     con = cache.cursor()
     if isinstance(batch, str):
         con.read_parquet(batch).create_view("w")
@@ -238,8 +252,9 @@ def _wave_outcome(cache: Cache, batch: Any) -> tuple[int, list[tuple[str, str]]]
         "SELECT partition_token, extra ->> 'error' FROM w WHERE kind = 'partition_end' "
         "AND (extra ->> 'state') = 'incomplete' ORDER BY partition_token"
     ).fetchall()
+    (ended,) = con.execute("SELECT count(*) FROM w WHERE kind = 'partition_end'").fetchone()
     con.close()
-    return int(total), [(t, e) for t, e in failed]
+    return int(total), int(ended), [(t, e) for t, e in failed]
 
 
 def run_pull(
@@ -317,7 +332,7 @@ def _run_waves(
     ).fetchone()[0]
     if not has_partitions:
         report(PullProgress(0, 0, 0, 0, "initial query"))
-        _initial_query(cache, stream, pull_id, src, request, start_ns, end_ns)
+        result.records += _initial_query(cache, stream, pull_id, src, request, start_ns, end_ns)
     parts = _frontier(cache, stream, end_ns)
     if not parts and has_partitions:
         result.status = "nothing-to-do"
@@ -327,21 +342,22 @@ def _run_waves(
     try:
         while parts:
             result.waves += 1
-            total = done + len(parts)
-            report(PullProgress(result.waves, done, total, result.records,
-                                f"wave {result.waves}: reading {len(parts)} partitions"))
+            known = _known_partitions(cache, stream)
+            report(PullProgress(result.waves, done, max(known, done + len(parts)), result.records,
+                                f"wave {result.waves}: reading {len(parts)} partitions and "
+                                "the children they lead to"))
             staging = staging_root / f"wave-{result.waves}"
             batch = _read_wave(spark, src, request, parts, end_ns, staging)
-            rows, failed = _wave_outcome(cache, batch)
+            rows, ended, failed = _wave_outcome(cache, batch)
             cache.ingest(stream, pull_id, batch, extra_sql=[(
                 "UPDATE pulls SET records = records + ?, waves = ? WHERE pull_id = ?",
                 [rows, result.waves, pull_id])])
             shutil.rmtree(staging, ignore_errors=True)
-            done += len(parts)
+            done += ended
             result.records += rows
             result.partitions_read = done
-            report(PullProgress(result.waves, done, total, result.records,
-                                f"wave {result.waves} landed"))
+            report(PullProgress(result.waves, done, _known_partitions(cache, stream),
+                                result.records, f"wave {result.waves} landed"))
             if failed:
                 token, error = failed[0]
                 raise PullFailed(

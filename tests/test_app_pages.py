@@ -33,7 +33,7 @@ def demo_cache(tmp_path_factory) -> str:
 
 @pytest.fixture(scope="module")
 def truth(demo_cache):
-    with Cache(demo_cache, read_only=True) as cache:
+    with Cache(demo_cache) as cache:
         return {
             "holder": analysis.holding_back(cache.con, "DemoStream"),
             "parts": analysis.partitions(cache.con, "DemoStream"),
@@ -86,7 +86,7 @@ def test_dag_lists_the_merge_and_drills_into_a_partition(demo_cache, world):
     assert len(at.get("plotly_chart")) == 1
     # A parent button drills into that parent.
     at.button(key=f"parent-{merge.parents[0]}").click().run()
-    assert at.query_params["partition"] == [merge.parents[0]]
+    assert at.query_params["partition"] == merge.parents[0]
     assert f"Partition `{merge.parents[0]}`" in texts(at)
 
 
@@ -188,7 +188,7 @@ REFUSED = [
 
 @pytest.mark.parametrize(("sql", "why"), REFUSED)
 def test_sql_console_refusals(demo_cache, sql, why):
-    with Cache(demo_cache, read_only=True) as cache:
+    with Cache(demo_cache) as cache:
         before = cache.con.execute("SELECT count(*) FROM partitions").fetchone()
         with pytest.raises(sql_console.Refused, match=why):
             sql_console.run(cache.cursor(), sql)
@@ -196,7 +196,7 @@ def test_sql_console_refusals(demo_cache, sql, why):
 
 
 def test_sql_console_accepts_plain_queries(demo_cache):
-    with Cache(demo_cache, read_only=True) as cache:
+    with Cache(demo_cache) as cache:
         for sql in [*sql_console.EXAMPLES.values(), "SHOW TABLES", "SUMMARIZE edges",
                     "EXPLAIN SELECT * FROM partitions", "FROM streams"]:
             assert len(sql_console.run(cache.cursor(), sql).frame) > 0, sql

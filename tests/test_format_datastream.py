@@ -216,12 +216,12 @@ def test_bad_files(tmp_path):
     ).fetchall()
     assert [line for _, line, _ in q] == [2, 3]
     assert all(origin.endswith("bad.jsonl") for origin, _, _ in q)
-    assert "line 2: not JSON" in q[0][2] and "truncated" in q[0][2]
-    assert "line 3: not a Datastream event" in q[1][2] and "--format cockroachdb" in q[1][2]
+    assert q[0][2].startswith("not JSON") and "truncated" in q[0][2]
+    assert q[1][2].startswith("not a Datastream event") and "--format cockroachdb" in q[1][2]
 
     rows = list(datastream.parse_file(str(SAMPLES / "bad_no_schema.avro"), {}))
     assert len(rows) == 1 and rows[0]["kind"] == "bad"
-    assert "bad_no_schema.avro" in json.loads(rows[0]["extra"])["reason"]
+    assert rows[0]["origin"].endswith("bad_no_schema.avro")
     assert "schema" in json.loads(rows[0]["extra"])["reason"]
 
     # an Avro file cut short: the records before the cut are kept, then one bad row

@@ -149,11 +149,11 @@ def parse_file(path: str, options: dict[str, str] | None = None) -> Iterator[dic
     try:
         f, head = _open_text(path)
     except OSError as e:
-        yield bad_row(path, None, "", f"{path}: cannot read the file ({e})")
+        yield bad_row(path, None, "", f"cannot read the file ({e})")
         return
     if head == b"Obj\x01":
         f.close()
-        yield bad_row(path, 1, "", f"{path} is an Avro file, not Bigtable change stream JSON")
+        yield bad_row(path, 1, "", "an Avro file, not Bigtable change stream JSON")
         return
     parser = _Parser(path, options)
     with f:
@@ -218,8 +218,7 @@ class _Parser:
         return True
 
     def bad(self, number: int | None, raw: str, reason: str) -> dict[str, Any]:
-        where = f"{self.path} line {number}" if number else self.path
-        return bad_row(self.path, number, raw, f"{where}: {reason}")
+        return bad_row(self.path, number, raw, reason)
 
     def _stamp(self, row: dict[str, Any], number: int) -> dict[str, Any]:
         row["origin"] = self.path

@@ -115,13 +115,13 @@ def parse_file(path: str, options: dict[str, str] | None = None) -> Iterator[dic
     try:
         f, head = _open_text(path)
     except OSError as e:
-        yield bad_row(path, None, "", f"{path}: cannot read the file ({e})")
+        yield bad_row(path, None, "", f"cannot read the file ({e})")
         return
     if head == b"Obj\x01":
         f.close()
         yield bad_row(
             path, 1, "",
-            f"{path} is an Avro object container file, not changefeed JSON messages "
+            "an Avro object container file, not changefeed JSON messages "
             "(format=avro changefeeds go through a schema registry; import JSON messages)",
         )
         return
@@ -146,7 +146,7 @@ class _Parser:
         self.seen_keys: set[tuple[str | None, str]] = set()
 
     def bad(self, number: int, text: str, reason: str) -> dict[str, Any]:
-        return bad_row(self.path, number, text, f"{self.path} line {number}: {reason}")
+        return bad_row(self.path, number, text, reason)
 
     def line(self, number: int, text: str) -> Iterator[dict[str, Any]]:
         try:

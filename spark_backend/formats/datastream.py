@@ -88,7 +88,7 @@ def parse_file(path: str, options: dict[str, str] | None = None) -> Iterator[dic
         f = _open_binary(path)
         head = f.read(4)
     except OSError as e:
-        yield bad_row(path, None, "", f"{path}: cannot read the file ({e})")
+        yield bad_row(path, None, "", f"cannot read the file ({e})")
         return
     with f:
         f.seek(0)
@@ -101,12 +101,12 @@ def parse_file(path: str, options: dict[str, str] | None = None) -> Iterator[dic
             return
         if path.lower().endswith(".avro"):
             reason = (
-                f"{path} is not an Avro object container file (no 'Obj\\x01' header, so no "
+                "not an Avro object container file (no 'Obj\\x01' header, so no "
                 "schema): Datastream Avro files carry their schema in the header"
             )
         else:
             reason = (
-                f"{path} is neither a Datastream JSON Lines file (one event object per line) "
+                "neither a Datastream JSON Lines file (one event object per line) "
                 "nor an Avro object container file"
             )
         yield bad_row(path, 1, head.decode("latin-1"), reason)
@@ -122,14 +122,14 @@ def _parse_json_lines(f, path: str, options: dict[str, str]) -> Iterator[dict[st
         except json.JSONDecodeError as e:
             yield bad_row(
                 path, number, text,
-                f"{path} line {number}: not JSON ({e.msg}, column {e.colno}); "
+                f"not JSON ({e.msg}, column {e.colno}); "
                 "a truncated line or not a Datastream JSON Lines file",
             )
             continue
         try:
             row = event_row(obj, options)
         except EventError as e:
-            yield bad_row(path, number, text, f"{path} line {number}: {e}")
+            yield bad_row(path, number, text, str(e))
             continue
         row["origin"] = path
         row["line"] = number
@@ -144,7 +144,7 @@ def _parse_avro(f, path: str, options: dict[str, str]) -> Iterator[dict[str, Any
     except Exception as e:  # fastavro raises ValueError/EOFError/SchemaParseException...
         yield bad_row(
             path, None, "",
-            f"{path}: not a readable Avro file, its header/schema cannot be read ({e})",
+            f"not a readable Avro file: its header/schema cannot be read ({e})",
         )
         return
     column_types = _avro_column_types(reader.writer_schema)
@@ -158,7 +158,7 @@ def _parse_avro(f, path: str, options: dict[str, str]) -> Iterator[dict[str, Any
         except Exception as e:
             yield bad_row(
                 path, index + 1, "",
-                f"{path} record {index + 1}: the Avro file is cut short or corrupt ({e}); "
+                f"record {index + 1}: the Avro file is cut short or corrupt ({e}); "
                 f"{index} records before it were read",
             )
             return
@@ -166,7 +166,7 @@ def _parse_avro(f, path: str, options: dict[str, str]) -> Iterator[dict[str, Any
         try:
             row = event_row(record, options)
         except EventError as e:
-            yield bad_row(path, index, _raw(record), f"{path} record {index}: {e}")
+            yield bad_row(path, index, _raw(record), f"record {index}: {e}")
             continue
         if column_types is not None:
             row["column_types"] = column_types

@@ -44,7 +44,8 @@ that response.
 
 Fault knobs: ``latency_ms`` sleeps before every response; ``cut_after=N`` aborts each attempt of a
 query with UNAVAILABLE after N responses (when more remain), so a long partition read sees
-several cuts and the client's resume-on-UNAVAILABLE makes progress; ``slow_partition=token``
+several cuts and the client's resume-on-UNAVAILABLE makes progress; ``fail_partition=token`` breaks every read of that partition after its first two responses
+(a partition that keeps failing); ``slow_partition=token``
 sleeps ``slow_ms`` before each response of that partition.
 """
 
@@ -371,6 +372,7 @@ class DemoServer:
         cut_after: int | None = None,
         slow_partition: str | None = None,
         slow_ms: float = 200.0,
+        fail_partition: str | None = None,
         *,
         rows_per_response: int = 4,
         max_chunk_chars: int = 1024,
@@ -389,6 +391,7 @@ class DemoServer:
         self.latency_ms = latency_ms
         self.cut_after = cut_after
         self.slow_partition = slow_partition
+        self.fail_partition = fail_partition
         self.slow_ms = slow_ms
         self.rows_per_response = max(1, rows_per_response)
         self.max_chunk_chars = max(16, max_chunk_chars)
@@ -734,7 +737,12 @@ class DemoServer:
         delay = self.latency_ms / 1000.0
         if self.slow_partition is not None and q.token == self.slow_partition:
             delay += self.slow_ms / 1000.0
+        failing = self.fail_partition is not None and q.token == self.fail_partition
         for idx, (prs, n_rows) in self._response_seq(rows, qkey, skip):
+            if failing and idx >= 2:
+                self._count("cuts")
+                context.abort(grpc.StatusCode.UNAVAILABLE,
+                              "Demo server: this partition keeps failing (fail_partition)")
             if self.cut_after is not None and sent >= self.cut_after:
                 self._count("cuts")
                 context.abort(grpc.StatusCode.UNAVAILABLE,
@@ -828,3 +836,37 @@ class DemoServer:
                 yield flush(False)
         if len(cur.values) or idx == 0:
             yield flush(False)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Serve the demo world until stdin closes or SIGTERM: prints the address on stdout."""
+    import argparse
+    import signal
+    import sys
+
+    from fixtures.demo_world import build_world
+
+    parser = argparse.ArgumentParser(prog="python -m spark_backend.sources.demo_server")
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--scale", type=float, default=1.0)
+    parser.add_argument("--dialect", choices=["googlesql", "postgresql"], default="googlesql")
+    parser.add_argument("--latency-ms", type=float, default=0.0)
+    parser.add_argument("--port", type=int, default=0)
+    args = parser.parse_args(argv)
+    server = DemoServer(build_world(args.seed, args.scale), args.dialect,
+                        latency_ms=args.latency_ms, port=args.port)
+    address = server.start()
+    print(address, flush=True)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    threading.Thread(target=lambda: (sys.stdin.read(), stop.set()), daemon=True).start()
+    try:
+        stop.wait()
+    except KeyboardInterrupt:
+        pass
+    server.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -132,22 +132,38 @@ def _field_type(field):
     return field.type_ if hasattr(field, "type_") else field.type
 
 
-def _named(value: Any, type_pb) -> Any:
-    """A raw protobuf-native value -> Python with STRUCT fields named from the metadata."""
-    if value is None:
-        return None
-    code = type_pb.code
+def _value_decoder(type_pb):
+    """A decoder specialised for one column type: raw protobuf ``Value`` -> Python, STRUCT
+    fields named from the metadata. Scalars stay as the wire gives them (TIMESTAMP, INT64 and
+    JSON are strings; ``records.from_change_record`` converts them)."""
+    code = int(type_pb.code)
     if code == 8:  # ARRAY
-        element = type_pb.array_element_type
-        return [_named(v, element) for v in value]
+        element = _value_decoder(type_pb.array_element_type)
+
+        def array(v):
+            if v.WhichOneof("kind") != "list_value":
+                return None
+            return [element(x) for x in v.list_value.values]
+        return array
     if code == 9:  # STRUCT
-        fields = type_pb.struct_type.fields
-        return {f.name: _named(v, _field_type(f)) for f, v in zip(fields, value, strict=False)}
-    return value
+        fields = [(f.name, _value_decoder(_field_type(f))) for f in type_pb.struct_type.fields]
+
+        def struct(v):
+            if v.WhichOneof("kind") != "list_value":
+                return None
+            return {name: dec(x) for (name, dec), x in zip(fields, v.list_value.values,
+                                                            strict=False)}
+        return struct
+    if code == 1:  # BOOL
+        return lambda v: v.bool_value if v.WhichOneof("kind") == "bool_value" else None
+    if code == 3:  # FLOAT64
+        return lambda v: v.number_value if v.WhichOneof("kind") == "number_value" else (
+            v.string_value or None)
+    return lambda v: v.string_value if v.WhichOneof("kind") == "string_value" else None
 
 
 def _decoder(fields_pb, dialect: str):
-    """Row (raw values) -> the change record dict in the doc's PostgreSQL JSON shape."""
+    """Row (raw protobuf values) -> the change record dict in the doc's PostgreSQL JSON shape."""
     if dialect == "postgresql":
         def decode_pg(row):
             value = row[0]
@@ -155,12 +171,15 @@ def _decoder(fields_pb, dialect: str):
             return json.loads(text)
         return decode_pg
 
-    column_type = _field_type(fields_pb[0])
+    decode_column = _value_decoder(_field_type(fields_pb[0]))
 
     def decode_gsql(row):
         raw = row[0]
-        values = raw.list_value if hasattr(raw, "list_value") else raw
-        records = _named(values, column_type) or []
+        if not hasattr(raw, "WhichOneof"):  # already plain Python (tests feed captured JSON)
+            from google.protobuf import json_format, struct_pb2
+
+            raw = json_format.ParseDict(raw, struct_pb2.Value())
+        records = decode_column(raw) or []
         if not records:
             return {}
         record = records[0]

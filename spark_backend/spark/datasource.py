@@ -23,9 +23,10 @@ BATCH_ROWS = 4096
 
 @dataclass
 class ChangeStreamPartition(InputPartition):
+    """A group of change stream partitions (token, start_ns) that one task reads."""
+
     index: int
-    token: str | None
-    start_ns: int
+    parts: list[tuple[str, int]]
 
 
 @dataclass
@@ -43,7 +44,10 @@ def _require(options: dict, name: str) -> str:
 
 class SpannerChangeStreamDataSource(DataSource):
     """Options: project, instance, database, dialect, host (optional), stream, heartbeat_ms,
-    end_ns, partitions (JSON list of {"token", "start_ns"}), max_attempts."""
+    end_ns, partitions (JSON list of {"token", "start_ns"}), max_attempts, tasks (how many
+    input partitions; default one per change stream partition), threads (partitions a task
+    reads at the same time, default 8), follow_children ("true": a task goes on with the
+    children it can read itself)."""
 
     @classmethod
     def name(cls) -> str:
@@ -78,22 +82,32 @@ class SpannerChangeStreamDataSourceReader(DataSourceReader):
             raise ValueError(
                 'Option "partitions" must be a JSON list of {"token": ..., "start_ns": ...}.'
             ) from e
+        self.tasks = int(options.get("tasks", "0")) or len(self.parts)
+        self.threads = int(options.get("threads", "8"))
+        self.follow = options.get("follow_children", "true").lower() == "true"
+        if self.tasks < 1 or self.threads < 1:
+            raise ValueError('Options "tasks" and "threads" must be positive integers.')
         SpannerTarget(self.project, self.instance, self.database, self.dialect, self.host)
 
     def partitions(self) -> list[ChangeStreamPartition]:
-        return [ChangeStreamPartition(i, tok, start) for i, (tok, start) in enumerate(self.parts)]
+        groups: list[list[tuple[str, int]]] = [[] for _ in range(min(self.tasks, len(self.parts)))]
+        for i, part in enumerate(self.parts):
+            groups[i % len(groups)].append(part)
+        return [ChangeStreamPartition(i, g) for i, g in enumerate(groups)]
 
     def read(self, partition: ChangeStreamPartition):
         from .. import config
         from ..records import batched, to_arrow_batch
-        from ..sources.spanner import SpannerTarget, open_database, read_partition_rows
+        from ..sources.spanner import SpannerTarget, open_database
+        from ..sources.workflow import read_partitions
 
         config.quiet_local_client_env()
         target = SpannerTarget(self.project, self.instance, self.database, self.dialect, self.host)
         database = open_database(target)
-        rows = read_partition_rows(
-            database, self.dialect, self.stream, partition.token, partition.start_ns,
-            self.end_ns, self.heartbeat_ms, max_attempts=self.max_attempts,
+        rows = read_partitions(
+            database, self.dialect, self.stream, [tuple(p) for p in partition.parts],
+            self.end_ns, self.heartbeat_ms, threads=self.threads,
+            follow_children=self.follow, max_attempts=self.max_attempts,
         )
         for batch in batched(rows, BATCH_ROWS):
             yield to_arrow_batch(batch)

@@ -49,5 +49,30 @@ def spark_session(master: str | None = None, remote: str | None = None):
     return spark
 
 
+_warm: set[int] = set()
+
+
+def warm_up(spark) -> None:
+    """Start the Python workers and import the reader in them once per session.
+
+    The first Spark job of a session pays for starting workers and importing the Spanner
+    client (seconds); paying it here, e.g. while a dashboard starts, keeps it out of a pull.
+    """
+    if is_remote(spark) or id(spark) in _warm:
+        return
+    slots = max(1, int(spark.sparkContext.defaultParallelism))
+
+    def load(rows):
+        import google.cloud.spanner  # noqa: F401
+        import pyarrow  # noqa: F401
+
+        import spark_backend.sources.workflow  # noqa: F401
+
+        yield sum(1 for _ in rows)
+
+    spark.sparkContext.parallelize(range(slots), slots).mapPartitions(load).collect()
+    _warm.add(id(spark))
+
+
 def is_remote(spark) -> bool:
     return type(spark).__module__.startswith("pyspark.sql.connect")

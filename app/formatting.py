@@ -1,0 +1,94 @@
+"""Formatting for the pages: timestamps as datetimes and clock times, tokens, sentences."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+import pandas as pd
+
+from spark_backend.timestamps import format_duration, format_ns
+
+
+def is_missing(value: Any) -> bool:
+    if value is None or isinstance(value, str):
+        return value is None
+    try:
+        return bool(pd.isna(value))
+    except (TypeError, ValueError):
+        return False
+
+
+def to_datetime(ns: Any) -> pd.Timestamp | None:
+    """Integer nanoseconds -> a UTC pandas Timestamp (None stays None)."""
+    if is_missing(ns):
+        return None
+    return pd.Timestamp(int(ns), unit="ns", tz="UTC")
+
+
+def ns_column(series: pd.Series) -> pd.Series:
+    """A column of ``*_ns`` integers -> UTC datetimes, for axes and tables."""
+    # Microseconds: what a browser shows, and plotly warns when it drops nanoseconds.
+    return pd.to_datetime(series.astype("Int64"), unit="ns", utc=True).dt.floor("us")
+
+
+def clock(ns: Any) -> str:
+    """09:40:01 (UTC), the form used in sentences."""
+    if is_missing(ns):
+        return "-"
+    seconds = int(ns) // 1_000_000_000
+    return dt.datetime.fromtimestamp(seconds, tz=dt.timezone.utc).strftime("%H:%M:%S")
+
+
+def timestamp(ns: Any) -> str:
+    """Full RFC 3339 with the precision the source gave."""
+    return "-" if is_missing(ns) else format_ns(int(ns))
+
+
+def short(token: Any, n: int = 12) -> str:
+    if is_missing(token):
+        return "(root)"
+    text = str(token)
+    return text if len(text) <= n + 1 else text[:n] + "…"
+
+
+def count(n: Any) -> str:
+    return "-" if is_missing(n) else f"{int(n):,}"
+
+
+def duration(seconds: float) -> str:
+    return format_duration(max(0.0, float(seconds)))
+
+
+def held_back_sentence(holder: dict[str, Any] | None) -> str:
+    """'partition X has held the stream back for 4m12s since 09:40:01'."""
+    if not holder:
+        return "No partition is holding the stream back: every partition has finished."
+    return (
+        f"partition `{holder['partition']}` has held the stream back for "
+        f"{duration(holder['held_s'])} since {clock(holder['since_ns'])}"
+    )
+
+
+def held_back_at_sentence(at_ns: int, holder: str | None, since_ns: Any) -> str:
+    """The replay's sentence: who held the low watermark at a given moment."""
+    if holder is None or is_missing(since_ns):
+        return f"At {clock(at_ns)} no open partition held the stream back."
+    held = (int(at_ns) - int(since_ns)) / 1e9
+    return (
+        f"At {clock(at_ns)}, partition `{holder}` held the stream back: its watermark had "
+        f"stayed at {clock(since_ns)} for {duration(held)}."
+    )
+
+
+def parents_text(parents: Any) -> str:
+    if parents is None or isinstance(parents, float | str):
+        return "(root)" if not isinstance(parents, str) else short(parents)
+    items = [p for p in list(parents) if p is not None]
+    return ", ".join(short(p) for p in items) if items else "(root)"
+
+
+def range_clip_note(start_ns: Any, end_ns: Any) -> str:
+    if is_missing(start_ns) and is_missing(end_ns):
+        return ""
+    return f" Showing {timestamp(start_ns)} → {timestamp(end_ns)} (the sidebar's range)."

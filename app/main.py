@@ -1,0 +1,139 @@
+"""The entrypoint: `streamlit run app/main.py`.
+
+Owns st.navigation and the state every page shares: the cache, the stream, the range, the
+stall threshold, the walkthrough. With an empty cache it pulls the demo world by itself.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # `streamlit run app/main.py` puts app/ first, not the project
+    sys.path.insert(0, str(ROOT))
+
+import streamlit as st  # noqa: E402
+
+from app import nav, pulling, resources, state, widgets  # noqa: E402
+from spark_backend.errors import InspectorError  # noqa: E402
+
+
+def _open(path: str) -> str | None:
+    """Open (or create) the cache; the error sentence when it cannot be used."""
+    try:
+        resources.open_cache(path)
+    except InspectorError as e:
+        return str(e)
+    except Exception as e:  # a file that is not DuckDB, a folder, no permission...
+        return f"Cannot use {path} as a cache: {str(e).splitlines()[0]}"
+    return None
+
+
+def _bootstrap(path: str) -> None:
+    """An empty cache: pull the demo world once, showing progress, then land on the overview."""
+    if resources.streams(path) or st.session_state.get("bootstrapped"):
+        return
+    st.session_state["bootstrapped"] = True
+    with st.status("The cache is empty: pulling the demo world…", expanded=True) as box:
+        bar = st.progress(0.0)
+        line = st.empty()
+
+        def show(p) -> None:
+            bar.progress(pulling.progress_fraction(p))
+            line.write(pulling.progress_text(p))
+
+        with resources.pull_lock(path):
+            outcome = pulling.pull(resources.open_cache(path), pulling.PullForm(source="demo"),
+                                   show)
+        box.update(label=outcome.message, state="complete" if outcome.ok else "error")
+    if outcome.ok:
+        st.switch_page(nav.page("overview"))
+
+
+def _sidebar_cache() -> str:
+    default = st.session_state.setdefault("cache_path", resources.default_cache_path())
+    path = st.sidebar.text_input("Cache file", value=default, key="cache_path_input",
+                                 help="A DuckDB file; env CSI_CACHE sets the default.")
+    path = path.strip() or default
+    st.session_state["cache_path"] = path
+    return path
+
+
+def _sidebar_stream(path: str) -> str | None:
+    names = resources.streams(path)
+    if not names:
+        return None
+    wanted = state.param("stream")
+    if wanted and wanted not in names:
+        st.sidebar.error(f"No stream {wanted!r} in this cache; showing {names[0]}.")
+    index = names.index(wanted) if wanted in names else 0
+    stream = st.sidebar.selectbox("Stream", names, index=index, key="stream_select")
+    state.set_param("stream", stream)
+    return stream
+
+
+def _sidebar_range() -> tuple[int | None, int | None]:
+    bounds = []
+    for name, label in (("start", "Range start"), ("end", "Range end")):
+        text = st.sidebar.text_input(label, value=state.param(name) or "", key=f"range_{name}",
+                                     placeholder="whole cached range (RFC 3339)")
+        try:
+            bounds.append(state.parse_range_bound(text, label))
+            state.set_param(name, text.strip() or None)
+        except ValueError as e:
+            st.sidebar.error(str(e))
+            bounds.append(None)
+    if bounds[0] is not None and bounds[1] is not None and bounds[0] > bounds[1]:
+        st.sidebar.error("Range end: it is before the range start; showing the whole range.")
+        return None, None
+    return bounds[0], bounds[1]
+
+
+def _sidebar_walkthrough(c: state.Ctx) -> None:
+    on = st.sidebar.toggle("Walkthrough", value=bool(st.session_state.get("walkthrough")),
+                           help="A guided tour of the demo world.")
+    st.session_state["walkthrough"] = on
+    if not on or c.stream is None:
+        return
+    steps = widgets.walkthrough_steps(c)
+    found = widgets.current_step(steps)
+    if found is None:
+        st.sidebar.caption("Nothing to show in this stream yet.")
+        return
+    index, step = found
+    st.sidebar.markdown(f"**Step {index + 1} of {len(steps)}: {step.title}**")
+    back, forward = st.sidebar.columns(2)
+    if back.button("◀ Back", disabled=index == 0, key="wt_back"):
+        widgets.go_to_step(steps, index - 1)
+    if forward.button("Next ▶", disabled=index == len(steps) - 1, key="wt_next"):
+        widgets.go_to_step(steps, index + 1)
+    if st.sidebar.button("Show this step", key="wt_show"):
+        widgets.go_to_step(steps, index)
+
+
+def main() -> None:
+    st.set_page_config(page_title="Change stream inspector", page_icon=":material/account_tree:",
+                       layout="wide")
+    navigation = st.navigation(nav.all_pages())
+    st.sidebar.title("Change stream inspector")
+    path = _sidebar_cache()
+    error = _open(path)
+    st.session_state["cache_error"] = error
+    stream, start_ns, end_ns, version = None, None, None, 0
+    if error:
+        st.sidebar.error(error)
+    else:
+        _bootstrap(path)
+        version = resources.version(path)
+        stream = _sidebar_stream(path)
+        if stream is not None:
+            start_ns, end_ns = _sidebar_range()
+    stall = float(st.session_state.get("stall_s", state.DEFAULT_STALL_S))
+    c = state.Ctx(path, version, stream, start_ns, end_ns, stall)
+    state.set_ctx(c)
+    _sidebar_walkthrough(c)
+    navigation.run()
+
+
+main()

@@ -1,0 +1,192 @@
+"""Cached resources (the cache connection, the pull lock) and cached query results.
+
+Every cached query takes ``(path, version, stream, ...)``: ``version`` is the cache's own
+counter, bumped by every ingest and pull, so a pull invalidates what the pages show.
+Each query runs on its own cursor: Streamlit runs sessions in threads and a DuckDB connection
+must not be shared across threads.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import duckdb
+import pandas as pd
+import streamlit as st
+
+from spark_backend import analysis
+from spark_backend.cache.store import Cache
+from spark_backend.config import CACHE_ENVVAR, DEFAULT_CACHE
+
+from . import queries
+
+QUERY_CACHE_ENTRIES = 256
+
+
+def default_cache_path() -> str:
+    return os.environ.get(CACHE_ENVVAR) or str(DEFAULT_CACHE)
+
+
+@st.cache_resource(show_spinner=False)
+def open_cache(path: str) -> Cache:
+    """The read-write cache for the whole server process (created when missing)."""
+    return Cache(path)
+
+
+@st.cache_resource(show_spinner=False)
+def pull_lock(path: str) -> threading.Lock:
+    """One pull at a time per cache file, whichever session asks."""
+    return threading.Lock()
+
+
+@contextmanager
+def cursor(path: str) -> Iterator[duckdb.DuckDBPyConnection]:
+    con = open_cache(path).cursor()
+    try:
+        yield con
+    finally:
+        con.close()
+
+
+def version(path: str) -> int:
+    with cursor(path) as con:
+        row = con.execute("SELECT value FROM meta WHERE key = 'version'").fetchone()
+    return int(row[0]) if row else 0
+
+
+def streams(path: str) -> list[str]:
+    with cursor(path) as con:
+        return [r[0] for r in con.execute("SELECT stream FROM streams ORDER BY stream").fetchall()]
+
+
+def _run(path: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    with cursor(path) as con:
+        return fn(con, *args, **kwargs)
+
+
+# --- analysis, cached by cache version -------------------------------------------------------
+
+_cached = st.cache_data(show_spinner=False, max_entries=QUERY_CACHE_ENTRIES)
+
+
+@_cached
+def summary(path: str, ver: int, stream: str) -> dict:
+    return _run(path, analysis.summary, stream)
+
+
+@_cached
+def partitions(path: str, ver: int, stream: str, stall_after_s: float) -> pd.DataFrame:
+    return _run(path, analysis.partitions, stream, stall_after_s)
+
+
+@_cached
+def edges(path: str, ver: int, stream: str) -> pd.DataFrame:
+    return _run(path, analysis.edges, stream)
+
+
+@_cached
+def partition_detail(path: str, ver: int, stream: str, token: str) -> dict:
+    return _run(path, analysis.partition_detail, stream, token)
+
+
+@_cached
+def holding_back(path: str, ver: int, stream: str) -> dict | None:
+    return _run(path, analysis.holding_back, stream)
+
+
+@_cached
+def low_watermark(path: str, ver: int, stream: str) -> tuple[int | None, str | None]:
+    return _run(path, analysis.low_watermark, stream)
+
+
+@_cached
+def heartbeat_gaps(path: str, ver: int, stream: str, k: float) -> pd.DataFrame:
+    return _run(path, analysis.heartbeat_gaps, stream, k)
+
+
+@_cached
+def anomalies(path: str, ver: int, stream: str, stall_after_s: float) -> list[dict]:
+    return _run(path, analysis.anomalies, stream, stall_after_s)
+
+
+@_cached
+def transactions(path: str, ver: int, stream: str, filters: queries.TxnFilter,
+                 limit: int) -> pd.DataFrame:
+    return _run(path, analysis.transactions, stream, table=filters.table, tag=filters.tag,
+                mod_type=filters.mod_type, start_ns=filters.start_ns, end_ns=filters.end_ns,
+                limit=limit)
+
+
+@_cached
+def transaction_records(path: str, ver: int, stream: str, txid: str) -> pd.DataFrame:
+    return _run(path, analysis.transaction_records, stream, txid)
+
+
+@_cached
+def history(path: str, ver: int, stream: str, table: str, key: str | None,
+            limit: int) -> pd.DataFrame:
+    return _run(path, analysis.history, stream, table, key, limit)
+
+
+# --- the dashboard's own drill-downs ---------------------------------------------------------
+
+
+@_cached
+def choices(path: str, ver: int, stream: str) -> dict[str, list[str]]:
+    return _run(path, queries.choices, stream)
+
+
+@_cached
+def cached_streams(path: str, ver: int) -> pd.DataFrame:
+    return _run(path, queries.cached_streams)
+
+
+@_cached
+def pulls(path: str, ver: int, stream: str | None) -> pd.DataFrame:
+    return _run(path, queries.pulls, stream)
+
+
+@_cached
+def watermark_replay(path: str, ver: int, stream: str, points: int) -> pd.DataFrame:
+    return _run(path, queries.watermark_replay, stream, points)
+
+
+@_cached
+def txn_points(path: str, ver: int, stream: str, filters: queries.TxnFilter,
+               limit: int) -> pd.DataFrame:
+    return _run(path, queries.txn_points, stream, filters, limit)
+
+
+@_cached
+def completeness(path: str, ver: int, stream: str, filters: queries.TxnFilter) -> dict:
+    return _run(path, queries.completeness, stream, filters)
+
+
+@_cached
+def records_page(path: str, ver: int, stream: str, filters: queries.RecordFilter,
+                 after: tuple | None, size: int) -> pd.DataFrame:
+    return _run(path, queries.records_page, stream, filters, after, size)
+
+
+@_cached
+def records_count(path: str, ver: int, stream: str, filters: queries.RecordFilter) -> int:
+    return _run(path, queries.records_count, stream, filters)
+
+
+@_cached
+def sample_keys(path: str, ver: int, stream: str, table: str) -> list[str]:
+    return _run(path, queries.sample_keys, stream, table)
+
+
+@_cached
+def schema(path: str, ver: int) -> pd.DataFrame:
+    return _run(path, queries.schema)
+
+
+def export(path: str, stream: str, filters: queries.RecordFilter, fmt: str) -> bytes:
+    """Not cached: big, and generated only when the user asks for the file."""
+    return _run(path, queries.export_records, stream, filters, fmt)

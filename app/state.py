@@ -1,0 +1,81 @@
+"""Shared session state and shareable URLs.
+
+The stream, the range, the selected partition and the opened transaction live in
+``st.query_params`` (so a URL can be shared) and are mirrored in ``st.session_state``.
+``main.py`` calls :func:`load` once per run; pages read :func:`ctx` and call the setters.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import streamlit as st
+
+from spark_backend.timestamps import TimestampError, format_ns, parse_ns
+
+PARAMS = ("stream", "start", "end", "partition", "txn", "step")
+DEFAULT_STALL_S = 60.0
+
+
+@dataclass(frozen=True)
+class Ctx:
+    """What every page needs to query the cache."""
+
+    path: str
+    version: int
+    stream: str | None
+    start_ns: int | None  # the range shown (None: the stream's whole cached range)
+    end_ns: int | None
+    stall_s: float
+
+
+def ctx() -> Ctx:
+    return st.session_state["ctx"]
+
+
+def set_ctx(value: Ctx) -> None:
+    st.session_state["ctx"] = value
+
+
+def param(name: str) -> str | None:
+    value = st.query_params.get(name)
+    return value if value else None
+
+
+def set_param(name: str, value: str | None) -> None:
+    """Put one value in the URL (None removes it); others stay."""
+    if value in (None, ""):
+        if name in st.query_params:
+            del st.query_params[name]
+    elif st.query_params.get(name) != str(value):
+        st.query_params[name] = str(value)
+
+
+def selected_partition() -> str | None:
+    return param("partition")
+
+
+def select_partition(token: str | None) -> None:
+    set_param("partition", token)
+
+
+def opened_transaction() -> str | None:
+    return param("txn")
+
+
+def open_transaction(txid: str | None) -> None:
+    set_param("txn", txid)
+
+
+def parse_range_bound(text: str, label: str) -> int | None:
+    """'' -> None, RFC 3339 -> ns; ValueError with one sentence naming the field."""
+    if not text or not text.strip():
+        return None
+    try:
+        return parse_ns(text)
+    except TimestampError as e:
+        raise ValueError(f"{label}: {e}.") from e
+
+
+def range_text(ns: int | None) -> str:
+    return "" if ns is None else format_ns(ns)

@@ -1,0 +1,123 @@
+"""Sources and pull: choose a source, a range and a heartbeat; pull with live progress; what is
+cached per stream; refresh a live stream on a timer."""
+
+from datetime import timedelta
+
+import streamlit as st
+
+from app import pulling, resources, state, widgets
+from app.formatting import ns_column
+from spark_backend import config
+
+c = state.ctx()
+widgets.walkthrough_banner("sources")
+st.title("Sources and pull")
+errors: dict[str, str] = st.session_state.get("pull_errors", {})
+
+
+def field_error(name: str) -> None:
+    if errors.get(name):
+        st.error(errors[name])
+
+
+form = pulling.PullForm()
+form.source = st.radio("Source", list(pulling.SOURCES), format_func=pulling.SOURCES.get,
+                       horizontal=True, key="src_source")
+field_error("source")
+left, right = st.columns(2)
+with left:
+    form.stream = st.text_input("Stream name in the cache", key="src_stream",
+                                placeholder="DemoStream" if form.source == "demo" else "")
+    field_error("stream")
+    if form.source == "spanner":
+        form.project = st.text_input("Project", key="src_project")
+        field_error("project")
+        form.instance = st.text_input("Instance", key="src_instance")
+        field_error("instance")
+        form.database = st.text_input("Database", key="src_database")
+        field_error("database")
+    if form.source in ("spanner", "emulator"):
+        form.source_stream = st.text_input("Change stream at the source", key="src_sstream")
+        field_error("source_stream")
+    if form.source != "files":
+        form.dialect = st.selectbox("Dialect", pulling.DIALECTS, key="src_dialect")
+        field_error("dialect")
+    else:
+        form.file_format = st.selectbox("Format", pulling.FILE_FORMATS, key="src_format")
+        field_error("file_format")
+        form.paths = st.text_area("Files or folders, one per line", key="src_paths",
+                                  placeholder="fixtures/samples/datastream")
+        field_error("paths")
+with right:
+    if form.source != "files":
+        form.start = st.text_input("Start (RFC 3339)", key="src_start",
+                                   placeholder="the source's earliest (demo: 09:00)")
+        field_error("start")
+        form.end = st.text_input("End (RFC 3339)", key="src_end", placeholder="now")
+        field_error("end")
+        form.heartbeat_ms = st.number_input(
+            "Heartbeat (ms)", min_value=0, max_value=10 * config.MAX_HEARTBEAT_MS,
+            value=config.DEFAULT_HEARTBEAT_MS, step=1000, key="src_heartbeat")
+        field_error("heartbeat_ms")
+
+go = st.button("Pull" if form.source != "files" else "Import", type="primary", key="src_go")
+field_error(pulling.GENERAL)
+if go:
+    errors = pulling.validate(form)
+    if not errors and st.session_state.get("cache_error"):
+        errors = {pulling.GENERAL: st.session_state["cache_error"]}
+    if not errors:
+        with st.status("Pulling…", expanded=True) as box:
+            bar, line = st.progress(0.0), st.empty()
+
+            def show(p) -> None:
+                bar.progress(pulling.progress_fraction(p))
+                line.write(pulling.progress_text(p))
+
+            with resources.pull_lock(c.path):
+                outcome = pulling.pull(resources.open_cache(c.path), form, show)
+            box.update(label=outcome.message, state="complete" if outcome.ok else "error")
+        if outcome.ok:
+            st.session_state["pull_message"] = outcome.message
+        else:
+            errors = {outcome.field: outcome.message}
+    st.session_state["pull_errors"] = errors
+    st.rerun()
+if st.session_state.get("pull_message") and not errors:
+    st.success(st.session_state["pull_message"])
+
+st.subheader("Cached streams")
+if st.session_state.get("cache_error"):
+    st.error(st.session_state["cache_error"])
+    st.stop()
+cached = resources.cached_streams(c.path, c.version)
+if cached.empty:
+    st.info("Nothing cached yet.")
+else:
+    shown = cached.assign(range_start=ns_column(cached["range_start_ns"]),
+                          range_end=ns_column(cached["range_end_ns"]))
+    st.dataframe(shown.drop(columns=["range_start_ns", "range_end_ns"]), hide_index=True,
+                 width="stretch")
+    with st.expander("Pulls"):
+        st.dataframe(widgets.with_datetimes(resources.pulls(c.path, c.version, None)),
+                     hide_index=True, width="stretch")
+
+    st.subheader("Refresh a live stream")
+    r1, r2, r3 = st.columns([2, 1, 1])
+    live = r1.selectbox("Stream", list(cached["stream"]), key="live_stream")
+    every = r2.number_input("Every (seconds)", 10, 3600, 60, key="live_every")
+    on = r3.toggle("Refresh on a timer", key="live_on")
+    st.caption("Each refresh pulls from the cached end to now: only the new span is read.")
+
+    @st.fragment(run_every=timedelta(seconds=int(every)) if on else None)
+    def refresher() -> None:
+        if not st.session_state.get("live_on"):
+            return
+        info = cached[cached["stream"] == live].iloc[0].to_dict()
+        refresh = pulling.refresh_form(info)
+        with resources.pull_lock(c.path):
+            outcome = pulling.pull(resources.open_cache(c.path), refresh, lambda p: None)
+        (st.success if outcome.ok else st.error)(
+            f"{pulling.now_text()[:19]}Z · {outcome.message}")
+
+    refresher()

@@ -1,0 +1,32 @@
+"""SQL: a read-only console on the cache, the schema beside it, example queries."""
+
+import streamlit as st
+
+from app import resources, sql_console, widgets
+
+c = widgets.need_stream()
+st.title("SQL")
+main, side = st.columns([3, 2])
+with side:
+    st.subheader("Schema")
+    schema = resources.schema(c.path, c.version)
+    for table, cols in schema.groupby("table", sort=True):
+        with st.expander(f"{table}"):
+            st.caption(cols["about"].iloc[0])
+            st.dataframe(cols[["column", "type"]], hide_index=True, width="stretch")
+with main:
+    example = st.selectbox("Examples", ["(write your own)", *sql_console.EXAMPLES], key="sql_ex")
+    default = sql_console.EXAMPLES.get(example, "SELECT * FROM partitions LIMIT 20")
+    sql = st.text_area("Query (read-only: SELECT, WITH, DESCRIBE, SHOW, SUMMARIZE, EXPLAIN)",
+                       value=default, height=180, key=f"sql_text_{example}")
+    if st.button("Run", type="primary", key="sql_run") or example != "(write your own)":
+        with resources.cursor(c.path) as con:
+            try:
+                result = sql_console.run(con, sql)
+            except sql_console.Refused as e:
+                st.error(str(e))
+            else:
+                st.dataframe(result.frame, hide_index=True, width="stretch")
+                st.caption(f"{len(result.frame):,} rows"
+                           + (f" (the first {sql_console.MAX_ROWS:,})" if result.truncated
+                              else ""))

@@ -1,0 +1,219 @@
+"""End to end on the embedded demo: local Spanner-protocol server -> unchanged client ->
+Spark (local) -> DuckDB file, checked against the simulator's ground truth."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from fixtures.demo_world import build_world
+from spark_backend import analysis
+from spark_backend.cache.store import Cache
+from spark_backend.pull import PullRequest, run_pull
+
+HEARTBEAT_MS = 10_000
+
+
+def cached_records(cache: Cache, stream: str) -> set[tuple]:
+    return set(cache.con.execute(
+        """SELECT partition_token, 'data_change', epoch_ns(commit_timestamp),
+                  server_transaction_id, record_sequence FROM data_change_records
+           WHERE stream = $s
+           UNION ALL SELECT partition_token, 'heartbeat', epoch_ns(timestamp), NULL, NULL
+           FROM heartbeats WHERE stream = $s
+           UNION ALL SELECT partition_token, 'child_partitions', epoch_ns(start_timestamp),
+                  NULL, record_sequence FROM child_partitions_records
+           WHERE stream = $s AND partition_token IS NOT NULL""",
+        {"s": stream}).fetchall())
+
+
+def truth_records(world, end_ns=None) -> set[tuple]:
+    """What reading every partition from its start to the end returns, by the simulator."""
+    from spark_backend.records import from_change_record
+
+    out = set()
+    end_ns = world.end if end_ns is None else end_ns
+    for p in world.partitions:
+        if p.start > end_ns:
+            continue
+        for record in world.query(p.token, p.start, end_ns, HEARTBEAT_MS):
+            row = from_change_record(record, p.token)
+            out.add((p.token, row["kind"], row["ts_ns"], row.get("server_transaction_id"),
+                     row.get("record_sequence")))
+    return out
+
+
+def assert_equals_world(cache: Cache, stream: str, world) -> None:
+    got = cached_records(cache, stream)
+    want = truth_records(world)
+    assert len(got) == len(want)
+    assert got == want, f"missing {list(want - got)[:3]}, extra {list(got - want)[:3]}"
+    edges = set(cache.con.execute(
+        "SELECT parent, child FROM edges WHERE stream = ?", [stream]).fetchall())
+    assert edges == set(world.edges)
+    tokens = {r[0] for r in cache.con.execute(
+        "SELECT token FROM partitions WHERE stream = ?", [stream]).fetchall()}
+    assert tokens == {p.token for p in world.partitions}
+    assert analysis.duplicates(cache.con, stream) == 0
+
+
+@pytest.fixture(scope="module", params=["googlesql", "postgresql"])
+def demo_pull(request, spark, tmp_path_factory):
+    path = tmp_path_factory.mktemp(request.param) / "demo.duckdb"
+    cache = Cache(path)
+    progress = []
+    result = run_pull(cache, PullRequest(source="demo", dialect=request.param,
+                                         heartbeat_ms=HEARTBEAT_MS), progress.append)
+    yield cache, result, progress, build_world()
+    cache.close()
+
+
+def test_full_pull_equals_ground_truth(demo_pull):
+    cache, result, progress, world = demo_pull
+    assert result.status == "complete", result.error
+    assert_equals_world(cache, "DemoStream", world)
+    # Every transaction complete, with the simulator's counts.
+    counts = analysis.transactions(cache.con, "DemoStream")
+    assert len(counts) == len(world.transactions)
+    assert counts["complete"].all()
+    multi = counts[counts["partitions_expected"] > 1]
+    assert len(multi) > 100 and (multi["partitions_seen"] == multi["partitions_expected"]).all()
+    assert progress and progress[-1].partitions_done == len(world.partitions)
+
+
+def test_dag_has_splits_merges_and_the_stall_is_found(demo_pull):
+    cache, _, _, world = demo_pull
+    kinds = analysis.edges(cache.con, "DemoStream")["kind"].value_counts().to_dict()
+    assert kinds.get("split", 0) > 0 and kinds.get("merge", 0) > 0 and kinds.get("root", 0) > 0
+    token, stall_from, stall_to = world.stall
+    gaps = analysis.heartbeat_gaps(cache.con, "DemoStream")
+    stall_gaps = gaps[gaps["partition"] == token]
+    assert len(stall_gaps) == 1
+    gap = stall_gaps.iloc[0]
+    assert gap["from_ns"] <= stall_from and gap["to_ns"] >= stall_to
+    # No other partition has a gap that long.
+    assert (gaps[gaps["partition"] != token]["gap_s"] < gap["gap_s"]).all()
+    report = analysis.build_report(cache.con, "DemoStream")
+    assert any(a["kind"] == "heartbeat_gap" and a["partition"] == token
+               for a in report["anomalies"])
+
+
+def test_second_pull_adds_nothing(demo_pull):
+    cache, _, _, _ = demo_pull
+    before = cached_records(cache, "DemoStream")
+    version = cache.version()
+    result = run_pull(cache, PullRequest(source="demo", dialect="googlesql"))
+    assert result.status == "nothing-to-do"
+    assert result.records == 0
+    assert cached_records(cache, "DemoStream") == before
+    assert cache.version() >= version
+
+
+SMALL = 0.3
+
+
+def test_extended_pull_reads_only_the_new_span(spark, tmp_path):
+    world = build_world(scale=SMALL)
+    mid = world.start + (world.end - world.start) // 2
+    cache = Cache(tmp_path / "ext.duckdb")
+    first = run_pull(cache, PullRequest(source="demo", demo_scale=SMALL, end=mid))
+    assert first.status == "complete"
+    assert cached_records(cache, "DemoStream") == truth_records(world, mid)
+    second = run_pull(cache, PullRequest(source="demo", demo_scale=SMALL))
+    assert second.status == "complete"
+    # The second pull stored nothing at or before the first pull's end.
+    (old,) = cache.con.execute(
+        "SELECT count(*) FROM data_change_records WHERE pull_id = ? "
+        "AND commit_timestamp <= make_timestamp_ns(?)", [second.pull_id, mid]).fetchone()
+    assert old == 0
+    assert second.records < first.records + second.records
+    data_now = {r for r in cached_records(cache, "DemoStream") if r[1] == "data_change"}
+    assert data_now == {r for r in truth_records(world) if r[1] == "data_change"}
+    info = cache.stream_info("DemoStream")
+    assert int(info["range_end"].timestamp()) == world.end // 10**9
+    cache.close()
+
+
+def test_faults_still_exact(spark, tmp_path):
+    """Streams cut mid-partition, latency, a slow partition: still every record once."""
+    world = build_world(scale=SMALL)
+    cache = Cache(tmp_path / "faults.duckdb")
+    slow = world.stall[0]
+    result = run_pull(cache, PullRequest(
+        source="demo", demo_scale=SMALL,
+        demo_faults={"cut_after": 3, "latency_ms": 1.0, "slow_partition": slow, "slow_ms": 5}))
+    assert result.status == "complete", result.error
+    assert_equals_world(cache, "DemoStream", world)
+    cache.close()
+
+
+def test_interrupted_pull_resumes_to_the_same_result(spark, tmp_path):
+    world = build_world(scale=SMALL)
+    cache = Cache(tmp_path / "crash.duckdb")
+
+    def crash_after_first_wave(p):
+        if p.message.endswith("landed"):
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run_pull(cache, PullRequest(source="demo", demo_scale=SMALL), crash_after_first_wave)
+    partial = cached_records(cache, "DemoStream")
+    assert 0 < len(partial) < len(truth_records(world))
+    status = cache.con.execute("SELECT status FROM pulls ORDER BY pull_id").fetchall()
+    assert status == [("interrupted",)]
+    result = run_pull(cache, PullRequest(source="demo", demo_scale=SMALL))
+    assert result.status == "complete"
+    assert_equals_world(cache, "DemoStream", world)
+    cache.close()
+
+
+def test_partition_that_keeps_failing_is_named_and_what_was_read_is_kept(spark, tmp_path):
+    world = build_world(scale=SMALL)
+    bad = max(world.roots, key=lambda p: len(world.records_for(p.token))).token
+    cache = Cache(tmp_path / "fail.duckdb")
+    result = run_pull(cache, PullRequest(source="demo", demo_scale=SMALL, max_attempts=2,
+                                         demo_faults={"fail_partition": bad}))
+    assert result.status == "failed"
+    assert result.failed_partition == bad
+    assert bad in result.error and "keeps failing" in result.error
+    state, n = cache.con.execute(
+        "SELECT state, data_change_records FROM partitions WHERE token = ?", [bad]).fetchone()
+    assert state == "incomplete" and n > 0  # the first responses were kept
+    pull = cache.con.execute("SELECT status, failed_partition FROM pulls").fetchall()
+    assert pull == [("failed", bad)]
+    report = analysis.build_report(cache.con, "DemoStream")
+    assert any(a["kind"] == "read_failed" and a["partition"] == bad for a in report["anomalies"])
+    # The other partitions were read completely.
+    others = {r for r in truth_records(world) if r[0] != bad and r[1] == "data_change"}
+    got = {r for r in cached_records(cache, "DemoStream") if r[1] == "data_change"}
+    assert others - got <= {r for r in others if r[0] in _descendants(world, bad)}
+    cache.close()
+
+
+def _descendants(world, token):
+    out, todo = set(), [token]
+    while todo:
+        t = todo.pop()
+        for parent, child in world.edges:
+            if parent == t and child not in out:
+                out.add(child)
+                todo.append(child)
+    return out
+
+
+def test_report_json_keys(demo_pull):
+    cache, _, _, world = demo_pull
+    report = analysis.build_report(cache.con, "DemoStream")
+    json.dumps(report)
+    for key in ("partitions", "edges", "low_watermark", "holding_back", "records",
+                "duplicates", "transactions", "anomalies"):
+        assert key in report
+    p = report["partitions"][0]
+    assert set(p) >= {"token", "parents", "start", "end", "finished", "watermark",
+                      "data_change_records", "heartbeats", "stalled"}
+    assert set(report["edges"][0]) == {"parent", "child", "kind"}
+    assert report["records"]["data_change"] == world.num_data_change_records
+    assert report["transactions"]["total"] == len(world.transactions)
+    assert report["holding_back"] in {q.token for q in world.partitions if q.end is None}
+    assert report["low_watermark"].endswith("Z")

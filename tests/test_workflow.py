@@ -1,0 +1,122 @@
+"""The doc's query workflow example (child_token_1..4, a merge) through the in-task workflow
+and through the cache's scheduling of the next wave."""
+
+from __future__ import annotations
+
+import threading
+
+import pyarrow as pa
+
+from spark_backend.cache.store import Cache
+from spark_backend.pull import _frontier
+from spark_backend.records import from_change_record, partition_end, to_arrow_batch
+from spark_backend.sources.workflow import _Workflow
+from spark_backend.timestamps import parse_ns
+
+T0 = parse_ns("2022-05-01T09:00:01Z")
+T_MERGE = parse_ns("2022-05-01T09:30:15Z")
+END = parse_ns("2022-05-01T10:00:00Z")
+
+INITIAL = [
+    {"child_partitions_record": {
+        "start_timestamp": "2022-05-01T09:00:01Z", "record_sequence": "1000012389",
+        "child_partitions": [{"token": "child_token_1", "parent_partition_tokens": [None]},
+                             {"token": "child_token_2", "parent_partition_tokens": [None]}]}},
+    {"child_partitions_record": {
+        "start_timestamp": "2022-05-01T09:00:01Z", "record_sequence": "1000012390",
+        "child_partitions": [{"token": "child_token_3", "parent_partition_tokens": [None]}]}},
+]
+MERGE_RECORD = {"child_partitions_record": {
+    "start_timestamp": "2022-05-01T09:30:15Z", "record_sequence": "1000012389",
+    "child_partitions": [{"token": "child_token_4",
+                          "parent_partition_tokens": ["child_token_2", "child_token_3"]}]}}
+
+
+def _heartbeat(ts: str) -> dict:
+    return {"heartbeat_record": {"timestamp": ts}}
+
+
+# What each partition returns (the doc: 2 and 3 both return the same merge record).
+SERVED = {
+    "child_token_1": [_heartbeat("2022-05-01T09:10:00Z")],
+    "child_token_2": [_heartbeat("2022-05-01T09:20:00Z"), MERGE_RECORD],
+    "child_token_3": [_heartbeat("2022-05-01T09:25:00Z"), MERGE_RECORD],
+    "child_token_4": [_heartbeat("2022-05-01T09:40:00Z")],
+}
+
+
+class FakeSource:
+    """Records every query (token, start) and which partitions had finished at that moment."""
+
+    def __init__(self):
+        self.queries: list[tuple[str, int, frozenset]] = []
+        self.finished: set[str] = set()
+        self.lock = threading.Lock()
+
+    def read(self, token: str, start_ns: int):
+        with self.lock:
+            self.queries.append((token, start_ns, frozenset(self.finished)))
+        child_start = None
+        for record in SERVED[token]:
+            row = from_change_record(record, token)
+            if row["kind"] == "child_partitions":
+                child_start = row["ts_ns"]
+            yield row
+        with self.lock:
+            self.finished.add(token)
+        if child_start is not None:
+            yield partition_end(token, "finished", child_start, read_from=start_ns,
+                                end=child_start)
+        else:
+            yield partition_end(token, "open", END, read_from=start_ns)
+
+
+def test_merge_child_read_once_after_both_parents_in_one_task():
+    source = FakeSource()
+    roots = [("child_token_1", T0), ("child_token_2", T0), ("child_token_3", T0)]
+    rows = list(_Workflow(source.read, threads=3, follow=True).rows(roots))
+    reads = [q for q in source.queries if q[0] == "child_token_4"]
+    assert len(reads) == 1, "child_token_4 must be queried exactly once"
+    token, start, finished_then = reads[0]
+    assert start == T_MERGE  # the child partitions record's start_timestamp
+    assert {"child_token_2", "child_token_3"} <= finished_then
+    assert sorted(q[0] for q in source.queries) == [
+        "child_token_1", "child_token_2", "child_token_3", "child_token_4"]
+    assert sum(r["kind"] == "child_partitions" for r in rows) == 2  # both parents returned it
+
+
+def test_merge_across_tasks_is_left_to_the_next_wave(tmp_path):
+    """Parents in different tasks: neither task reads the merge child; the cache schedules it
+    once both parents are finished, from the record's start_timestamp, exactly once."""
+    task_a, task_b = FakeSource(), FakeSource()
+    rows_a = list(_Workflow(task_a.read, 2, True).rows([("child_token_1", T0),
+                                                          ("child_token_2", T0)]))
+    rows_b = list(_Workflow(task_b.read, 2, True).rows([("child_token_3", T0)]))
+    assert all(q[0] != "child_token_4" for q in task_a.queries + task_b.queries)
+
+    cache = Cache(tmp_path / "c.duckdb")
+    cache.ensure_stream("s", system="spanner")
+    pull = cache.begin_pull("s", "test", T0, END, 10_000)
+    initial = [from_change_record(r, None) for r in INITIAL]
+    cache.ingest("s", pull, pa.Table.from_batches([to_arrow_batch(initial)]))
+    assert _frontier(cache, "s", END) == [
+        ("child_token_1", T0), ("child_token_2", T0), ("child_token_3", T0)]
+    cache.ingest("s", pull, pa.Table.from_batches([to_arrow_batch(rows_a)]))
+    # Only one parent of child_token_4 finished: it must wait.
+    assert [t for t, _ in _frontier(cache, "s", END)] == ["child_token_3"]
+    cache.ingest("s", pull, pa.Table.from_batches([to_arrow_batch(rows_b)]))
+    assert _frontier(cache, "s", END) == [("child_token_4", T_MERGE)]
+
+    edges = cache.con.execute(
+        "SELECT parent, child FROM edges ORDER BY child, parent NULLS FIRST").fetchall()
+    assert edges == [(None, "child_token_1"), (None, "child_token_2"), (None, "child_token_3"),
+                     ("child_token_2", "child_token_4"), ("child_token_3", "child_token_4")]
+    from spark_backend.analysis import edges as edge_kinds
+
+    kinds = dict(((r.parent, r.child), r.kind) for r in edge_kinds(cache.con, "s").itertuples())
+    assert kinds[("child_token_2", "child_token_4")] == "merge"
+    assert kinds[(None, "child_token_1")] == "root"
+    # The merge record came twice (once per parent) and is stored once per parent.
+    assert cache.con.execute("SELECT count(*) FROM child_partitions_records "
+                             "WHERE partition_token IS NOT NULL").fetchone()[0] == 2
+    cache.close()
