@@ -65,6 +65,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--format", required=True)
     p.add_argument("--stream", required=True, help="name of the stream in the cache")
     p.add_argument("--table", help="table name when the messages do not carry it")
+    p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
+                   help="a format option, e.g. primary_key=id (cockroachdb), keys=ID "
+                        "(datastream), partition=... (bigtable); repeatable")
     p.add_argument("--spark-master")
     p.add_argument("paths", nargs="+")
 
@@ -171,6 +174,11 @@ def cmd_import(args) -> int:
     from .sources.files import import_files
 
     options = {"table": args.table} if args.table else {}
+    for item in args.option:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise BadInput(f"--option {item!r} is not KEY=VALUE, e.g. --option primary_key=id.")
+        options[key.strip()] = value
     progress = _Progress()
     with _open_cache(args.cache) as cache:
         result = import_files(cache, args.stream, args.format, args.paths, options, progress,

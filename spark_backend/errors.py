@@ -8,7 +8,15 @@ class InspectorError(Exception):
 
 
 class BadInput(InspectorError, ValueError):
-    """An argument, option or file that is not acceptable; says what is accepted."""
+    """An argument, option or file that is not acceptable; says what is accepted.
+
+    ``field`` names the input at fault (``start``, ``end``, ``heartbeat_ms``, ``stream``,
+    ``project``...), so a form can show the message next to it.
+    """
+
+    def __init__(self, message: str, field: str | None = None):
+        super().__init__(message)
+        self.field = field
 
 
 class SourceError(InspectorError):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import shutil
 import tempfile
 import time
@@ -50,6 +51,7 @@ class PullRequest:
     demo_seed: int = 7
     demo_scale: float = 1.0
     demo_faults: dict[str, Any] = field(default_factory=dict)
+    demo_host: str | None = None         # an already running demo server (the dashboard's)
     emulator_seconds: float = 20.0
     max_attempts: int = 6
     threads_per_task: int = 8
@@ -89,7 +91,8 @@ class _Source:
 def _validated(request: PullRequest) -> PullRequest:
     if request.source not in SOURCES:
         raise BadInput(
-            f"Unknown source {request.source!r}; accepted sources are {', '.join(SOURCES)}."
+            f"Unknown source {request.source!r}; accepted sources are {', '.join(SOURCES)}.",
+            field="source",
         )
     validate_dialect(request.dialect)
     validate_heartbeat(request.heartbeat_ms)
@@ -100,23 +103,23 @@ def _validated(request: PullRequest) -> PullRequest:
                    if not getattr(request, n)]
         if missing:
             flags = ", ".join("--stream" if m == "source_stream" else f"--{m}" for m in missing)
-            raise BadInput(f"The spanner source needs {flags}.")
+            raise BadInput(f"The spanner source needs {flags}.", field="stream" if missing[0] == "source_stream" else missing[0])
     for label in ("start", "end"):
         value = getattr(request, label)
         if value is not None:
             try:
                 setattr(request, label, coerce_ns(value))
             except TimestampError as e:
-                raise BadInput(f"--{label}: {e}.") from e
+                raise BadInput(f"--{label}: {e}.", field=label) from e
     if request.start is not None and request.end is not None and request.start > request.end:
         raise BadInput(
             f"--start {format_ns(request.start)} is after --end {format_ns(request.end)}; "
-            "the start must be before or at the end."
+            "the start must be before or at the end.", field="start",
         )
     if request.start is not None and request.source != "demo" and request.start > now_ns() + 1e9:
         raise BadInput(
             f"--start {format_ns(request.start)} is in the future; change streams can only be "
-            "read from the past (within the retention period)."
+            "read from the past (within the retention period).", field="start",
         )
     return request
 
@@ -130,8 +133,12 @@ def _open_source(request: PullRequest) -> Iterator[_Source]:
         from .sources.demo_server import DemoServer
 
         world = build_world(seed=request.demo_seed, scale=request.demo_scale)
-        server = DemoServer(world, dialect=request.dialect, **request.demo_faults)
-        host = server.start()
+        server = None
+        if request.demo_host:
+            host = request.demo_host
+        else:
+            server = DemoServer(world, dialect=request.dialect, **request.demo_faults)
+            host = server.start()
         try:
             target = SpannerTarget("demo-project", "demo-instance", "demo-db", request.dialect,
                                    host)
@@ -139,7 +146,8 @@ def _open_source(request: PullRequest) -> Iterator[_Source]:
                           world.end, f"demo world seed={request.demo_seed} "
                           f"scale={request.demo_scale}")
         finally:
-            server.stop()
+            if server is not None:
+                server.stop()
         return
     if request.source == "emulator":
         from .sources import emulator
@@ -161,7 +169,9 @@ def _open_source(request: PullRequest) -> Iterator[_Source]:
         finally:
             world.stop()
         return
-    target = SpannerTarget(request.project, request.instance, request.database, request.dialect)
+    # Resolved here: Spark's workers do not see environment changes made after they started.
+    target = SpannerTarget(request.project, request.instance, request.database, request.dialect,
+                           os.environ.get(config.EMULATOR_HOST_ENVVAR) or None)
     yield _Source(target, request.source_stream, None, None, target.path)
 
 
@@ -278,10 +288,11 @@ def run_pull(
             start_ns = int(info["range_start"].timestamp() * 1e9) if info["range_start"] else None
         if start_ns is None:
             raise BadInput("--start is required for this source (RFC 3339, e.g. "
-                           "2026-01-05T09:00:00Z).")
+                           "2026-01-05T09:00:00Z).", field="start")
         end_ns = request.end if request.end is not None else (src.default_end_ns or now_ns())
         if start_ns > end_ns:
-            raise BadInput(f"--start {format_ns(start_ns)} is after the end {format_ns(end_ns)}.")
+            raise BadInput(f"--start {format_ns(start_ns)} is after the end {format_ns(end_ns)}.",
+                           field="start")
         cache.ensure_stream(
             stream, system="spanner", source=request.source, dialect=request.dialect,
             location=src.location, source_stream=src.source_stream,
@@ -320,7 +331,8 @@ def _check_range(cache: Cache, stream: str, start_ns: int) -> None:
     if row and row[0] is not None and row[1] and start_ns < row[0]:
         raise BadInput(
             f"The cache holds {stream!r} from {format_ns(row[0])}; a pull can extend it to a "
-            "later end but not to an earlier start; give this pull another name with --as."
+            "later end but not to an earlier start; give this pull another name with --as.",
+            field="start",
         )
 
 

@@ -33,14 +33,24 @@ def _systems_module():
     return systems
 
 
+# Systems whose partitions vouch for progress with heartbeats and ordered marks.
+PROGRESS_SYSTEMS = ("spanner",)
+
+
 def anomalies(
     con: duckdb.DuckDBPyConnection, stream: str, stall_after_s: float = 60.0
 ) -> list[dict[str, Any]]:
     """Watermark going backwards, ended early without children, child never read, gaps,
-    stalled and failed partitions; plus what the stream's own system defines."""
+    stalled and failed partitions; plus what the stream's own system defines.
+
+    The progress checks (backwards, gaps, stalled) apply where partitions vouch for progress
+    (Spanner); other systems define their own in ``systems``.
+    """
     out: list[dict[str, Any]] = []
     end = range_end_ns(con, stream)
-    for token, at, prev in con.execute(
+    system = _system(con, stream)
+    progress = system in PROGRESS_SYSTEMS
+    for token, at, prev in ([] if not progress else con.execute(
         """WITH m AS (
              SELECT partition_token, pull_id, arrival, commit_timestamp AS ts
                FROM data_change_records WHERE stream = $s AND arrival IS NOT NULL
@@ -52,7 +62,7 @@ def anomalies(
            SELECT partition_token, epoch_ns(ts), epoch_ns(prev) FROM o WHERE ts < prev
            ORDER BY 2 LIMIT 1000""",
         {"s": stream},
-    ).fetchall():
+    ).fetchall()):
         out.append({"kind": "watermark_backwards", "partition": token, "at": _ts(at),
                     "detail": f"progress mark {_ts(at)} arrived after {_ts(prev)}"})
     for token, ended in con.execute(
@@ -76,17 +86,20 @@ def anomalies(
     ).fetchall():
         out.append({"kind": "read_failed", "partition": token, "at": None,
                     "detail": f"reading stopped early: {error or 'unknown error'}"})
-    gaps = heartbeat_gaps(con, stream)
-    for row in gaps.itertuples():
-        out.append({"kind": "heartbeat_gap", "partition": row.partition, "at": _ts(row.from_ns),
-                    "detail": f"no progress mark for {row.gap_s:.1f}s until {_ts(row.to_ns)}"})
-    parts = partitions(con, stream, stall_after_s)
-    for row in parts[parts["stalled"]].itertuples():
-        out.append({"kind": "stalled", "partition": row.token, "at": _ts(row.watermark_ns),
-                    "detail": f"watermark {row.lag_s:.1f}s behind the range end"})
+    if progress:
+        gaps = heartbeat_gaps(con, stream)
+        for row in gaps.itertuples():
+            out.append({"kind": "heartbeat_gap", "partition": row.partition,
+                        "at": _ts(row.from_ns),
+                        "detail": f"no progress mark for {row.gap_s:.1f}s until "
+                                  f"{_ts(row.to_ns)}"})
+        parts = partitions(con, stream, stall_after_s)
+        for row in parts[parts["stalled"]].itertuples():
+            out.append({"kind": "stalled", "partition": row.token, "at": _ts(row.watermark_ns),
+                        "detail": f"watermark {row.lag_s:.1f}s behind the range end"})
     systems = _systems_module()
     if systems is not None and hasattr(systems, "system_anomalies"):
-        out.extend(systems.system_anomalies(con, stream, _system(con, stream)))
+        out.extend(systems.system_anomalies(con, stream, system, stall_after_s=stall_after_s))
     return out
 
 
@@ -129,10 +142,13 @@ def build_report(
     wm, holder = low_watermark(con, stream)
     systems = _systems_module()
     system = _system(con, stream)
+    special = None
     if systems is not None and hasattr(systems, "stream_watermark"):
         special = systems.stream_watermark(con, stream, system)
-        if special is not None and special != (None, None):
-            wm, holder = special
+    if special is not None:
+        wm, holder = special
+    elif system not in PROGRESS_SYSTEMS:
+        wm, holder = None, None  # e.g. Datastream: events carry no watermark
     counts = summary(con, stream)
     return {
         "stream": stream,

@@ -112,7 +112,36 @@ def _data_change(con, stream, pull_id, count_existing) -> tuple[int, int]:
         FROM _dc WHERE NOT known""",
         {"stream": stream, "pull": pull_id},
     )
+    _transactions(con, stream)
     return int(new_n), duplicates
+
+
+def _transactions(con, stream) -> None:
+    """Fold the batch's new records into the per-transaction summary."""
+    con.execute(
+        """INSERT INTO transactions
+        SELECT $stream, server_transaction_id, make_timestamp_ns(min(ts_ns)), count(*),
+               max(n_records), list_sort(list(DISTINCT partition_token)), max(n_partitions),
+               list_sort(list(DISTINCT table_name)), list_sort(list(DISTINCT mod_type)),
+               any_value(transaction_tag), sum(coalesce(json_array_length(mods), 0))
+        FROM _dc WHERE NOT known AND server_transaction_id IS NOT NULL
+        GROUP BY server_transaction_id
+        ON CONFLICT (stream, server_transaction_id) DO UPDATE SET
+            commit_timestamp = least(transactions.commit_timestamp, excluded.commit_timestamp),
+            records_seen = transactions.records_seen + excluded.records_seen,
+            records_expected = greatest(transactions.records_expected,
+                                        excluded.records_expected),
+            partitions = list_sort(list_distinct(list_concat(transactions.partitions,
+                                                             excluded.partitions))),
+            partitions_expected = greatest(transactions.partitions_expected,
+                                           excluded.partitions_expected),
+            tables = list_sort(list_distinct(list_concat(transactions.tables, excluded.tables))),
+            mod_types = list_sort(list_distinct(list_concat(transactions.mod_types,
+                                                            excluded.mod_types))),
+            transaction_tag = coalesce(transactions.transaction_tag, excluded.transaction_tag),
+            mods = transactions.mods + excluded.mods""",
+        {"stream": stream},
+    )
 
 
 def _heartbeats(con, stream, pull_id, count_existing) -> tuple[int, int]:

@@ -99,6 +99,20 @@ DDL = [
         new_values JSON,
         old_values JSON
     )""",
+    """CREATE TABLE IF NOT EXISTS transactions (
+        stream TEXT NOT NULL,
+        server_transaction_id TEXT NOT NULL,
+        commit_timestamp TIMESTAMP_NS,   -- first commit timestamp seen
+        records_seen BIGINT,
+        records_expected BIGINT,         -- number_of_records_in_transaction
+        partitions VARCHAR[],            -- partitions it was seen in
+        partitions_expected BIGINT,      -- number_of_partitions_in_transaction
+        tables VARCHAR[],
+        mod_types VARCHAR[],
+        transaction_tag TEXT,
+        mods BIGINT,
+        PRIMARY KEY (stream, server_transaction_id)
+    )""",
     """CREATE TABLE IF NOT EXISTS heartbeats (
         stream TEXT NOT NULL,
         partition_token TEXT NOT NULL,
@@ -155,6 +169,7 @@ TABLE_DOCS = {
     "edges": "parent -> child partition edges (parent NULL for children of the initial query)",
     "data_change_records": "data change records (one row each; copies > 1 means duplicates)",
     "mods": "one row per mod of a data change record: keys, new_values, old_values",
+    "transactions": "one row per server_transaction_id, kept up to date at every ingest",
     "heartbeats": "heartbeat records (and other systems' watermarks)",
     "child_partitions_records": "child partitions records as returned",
     "progress_marks": "view: every timestamp a partition vouched for",

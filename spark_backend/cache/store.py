@@ -56,6 +56,11 @@ class Cache:
                 f"Cannot open the cache {self.path}: {str(e).splitlines()[0]} "
                 "(is another process using it?)"
             ) from e
+        except duckdb.ConnectionException as e:
+            raise CacheError(
+                f"Cannot open the cache {self.path} again with other settings in this process "
+                f"({str(e).splitlines()[0]}); use the connection that is already open."
+            ) from e
         except duckdb.Error as e:
             raise CacheError(f"{self.path} is not a DuckDB cache file ({e}).") from e
         self.read_only = read_only

@@ -39,14 +39,15 @@ def validate_stream_name(name: str) -> str:
     if not isinstance(name, str) or not _STREAM_NAME.match(name):
         raise BadInput(
             f"{name!r} is not a valid change stream name; use a letter followed by letters, "
-            "digits or underscores (at most 128 characters)."
+            "digits or underscores (at most 128 characters).", field="stream",
         )
     return name
 
 
 def validate_dialect(dialect: str) -> str:
     if dialect not in DIALECTS:
-        raise BadInput(f"Unknown dialect {dialect!r}; accepted dialects are googlesql, postgresql.")
+        raise BadInput(f"Unknown dialect {dialect!r}; accepted dialects are googlesql, postgresql.",
+                       field="dialect")
     return dialect
 
 
@@ -55,7 +56,8 @@ def validate_heartbeat(ms: int) -> int:
         config.MIN_HEARTBEAT_MS <= ms <= config.MAX_HEARTBEAT_MS
     ):
         raise BadInput(
-            f"Heartbeat {ms!r} ms is out of range; Spanner accepts 1,000 to 300,000 milliseconds."
+            f"Heartbeat {ms!r} ms is out of range; Spanner accepts 1,000 to 300,000 milliseconds.",
+            field="heartbeat_ms",
         )
     return ms
 
@@ -82,7 +84,7 @@ class SpannerTarget:
             if not value or not _ID.match(value):
                 raise BadInput(
                     f"{label} {value!r} is not a valid Spanner {label} ID; use letters, digits, "
-                    "'-' and '_' (starting with a letter)."
+                    "'-' and '_' (starting with a letter).", field=label,
                 )
         validate_dialect(self.dialect)
 
