@@ -45,7 +45,7 @@ def _bootstrap(path: str) -> None:
 
         with resources.pull_lock(path):
             outcome = pulling.pull(resources.open_cache(path), pulling.PullForm(source="demo"),
-                                   show)
+                                   show, prepare=resources.prepare_pull)
         box.update(label=outcome.message, state="complete" if outcome.ok else "error")
     if outcome.ok:
         st.switch_page(nav.page("overview"))
@@ -64,6 +64,10 @@ def _sidebar_stream(path: str) -> str | None:
     names = resources.streams(path)
     if not names:
         return None
+    chosen = state.take_chosen_stream()
+    if chosen in names:  # a page chose it (e.g. a sample just imported)
+        state.set_param("stream", chosen)
+        st.session_state.pop("stream_select", None)  # the selectbox starts again at `index`
     wanted = state.param("stream")
     if wanted and wanted not in names:
         st.sidebar.error(f"No stream {wanted!r} in this cache; showing {names[0]}.")

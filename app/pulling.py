@@ -3,6 +3,7 @@ progress, and placing each error next to the field that caused it."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -19,7 +20,17 @@ FILE_FORMATS = ("recording", "datastream", "cockroachdb", "bigtable")
 DIALECTS = ("googlesql", "postgresql")
 GENERAL = "general"
 
-# Which field an error message is about, by the words it uses (first match wins).
+# ``BadInput.field`` (the backend's name for the input at fault) -> this form's field.
+# The backend's "stream" is the change stream at the source (``--stream``); for an import it is
+# the stream in the cache (see ``form_field``).
+_BACKEND_FIELDS = {
+    "start": "start", "end": "end", "heartbeat_ms": "heartbeat_ms", "project": "project",
+    "instance": "instance", "database": "database", "dialect": "dialect", "source": "source",
+    "stream": "source_stream", "as": "stream", "format": "file_format", "paths": "paths",
+}
+
+# The fallback when an error carries no field: which field a message is about, by the words it
+# uses (first match wins).
 _FIELD_WORDS = [
     ("heartbeat_ms", r"heartbeat"),
     ("start", r"--start|start_timestamp|\bstart\b"),
@@ -51,8 +62,41 @@ class PullForm:
     errors: dict[str, str] = field(default_factory=dict)
 
 
+def shown_fields(form: PullForm) -> set[str]:
+    """The fields the Sources page shows for this form's source (an error goes next to one)."""
+    shown = {"source", "stream"}
+    if form.source == "files":
+        return shown | {"file_format", "paths"}
+    shown |= {"dialect", "start", "end", "heartbeat_ms"}
+    if form.source == "spanner":
+        shown |= {"project", "instance", "database"}
+    if form.source in ("spanner", "emulator"):
+        shown.add("source_stream")
+    return shown
+
+
+def form_field(backend_field: str | None, form: PullForm) -> str | None:
+    """``BadInput.field`` as this form's field; None when it names none the form shows."""
+    if not backend_field:
+        return None
+    name = _BACKEND_FIELDS.get(backend_field, backend_field)
+    if backend_field == "stream" and form.source not in ("spanner", "emulator"):
+        name = "stream"  # an import's (or the demo's) stream is the name in the cache
+    return name if name in shown_fields(form) else None
+
+
+def error_field(error: BaseException, form: PullForm) -> str:
+    """Where an error goes: its ``field`` attribute first, the words of its message second."""
+    backend_field = getattr(error, "field", None)
+    if backend_field:
+        return form_field(backend_field, form) or GENERAL
+    return field_for(str(error), form)
+
+
 def field_for(message: str, form: PullForm) -> str:
-    """The form field an error message is about (GENERAL when none fits)."""
+    """The form field an error message is about, by its words (GENERAL when none fits).
+
+    Only the fallback for errors without a ``field`` (and for a failed pull's text)."""
     text = message.lower()
     for name, pattern in _FIELD_WORDS:
         if re.search(pattern, text):
@@ -101,7 +145,7 @@ def validate(form: PullForm) -> dict[str, str]:
     return errors
 
 
-def request_for(form: PullForm) -> Any:
+def request_for(form: PullForm, demo_host: str | None = None) -> Any:
     from spark_backend.pull import PullRequest
 
     return PullRequest(
@@ -111,6 +155,7 @@ def request_for(form: PullForm) -> Any:
         database=form.database.strip() or None, dialect=form.dialect,
         start=form.start.strip() or None, end=form.end.strip() or None,
         heartbeat_ms=int(form.heartbeat_ms),
+        demo_host=demo_host if form.source == "demo" else None,
     )
 
 
@@ -119,10 +164,17 @@ class Outcome:
     ok: bool
     message: str
     field: str = GENERAL
+    stream: str | None = None  # the stream in the cache the pull or import landed in
 
 
-def pull(cache: Cache, form: PullForm, on_progress: Callable[[Any], None]) -> Outcome:
-    """Run the pull (or import) the form describes; errors come back as sentences."""
+def pull(cache: Cache, form: PullForm, on_progress: Callable[[Any], None],
+         prepare: Callable[[PullForm], str | None] | None = None) -> Outcome:
+    """Run the pull (or import) the form describes; errors come back as sentences.
+
+    ``prepare`` runs right before a pull (not an import): it readies what the pull needs (the
+    dashboard warms Spark up and keeps a demo server running) and returns the demo server's
+    host for source demo (None: the pull starts its own).
+    """
     try:
         if form.source == "files":
             from spark_backend.sources.files import import_files
@@ -130,22 +182,42 @@ def pull(cache: Cache, form: PullForm, on_progress: Callable[[Any], None]) -> Ou
             paths = [p.strip() for p in form.paths.splitlines() if p.strip()]
             res = import_files(cache, form.stream.strip(), form.file_format, paths,
                                progress=lambda msg: on_progress(msg))
-            return Outcome(True, f"Imported {res.records:,} records from {res.files} file(s) "
-                                 f"({res.skipped_files} already imported, {res.bad} bad lines "
-                                 "quarantined).")
-        from spark_backend.pull import run_pull
+            return Outcome(True, import_message(res), stream=res.stream)
+        from spark_backend import pull as backend
 
-        res = run_pull(cache, request_for(form), on_progress)
-    except InspectorError as e:
-        return Outcome(False, str(e), field_for(str(e), form))
-    except ValueError as e:  # a contract's own validation (ValueError is BadInput's base)
-        return Outcome(False, str(e), field_for(str(e), form))
+        request = request_for(form)
+        if prepare is not None:
+            check = getattr(backend, "_validated", None)
+            if check is not None:  # bad input fails here, before Spark or a server starts
+                check(dataclasses.replace(request))
+            on_progress("starting Spark and the source…")
+            host = prepare(form)
+            request.demo_host = host if form.source == "demo" else None
+        res = backend.run_pull(cache, request, on_progress)
+    except (InspectorError, ValueError) as e:  # ValueError: a contract's own validation
+        return Outcome(False, str(e), error_field(e, form))
     if res.status == "failed":
-        return Outcome(False, res.error or "The pull failed.", field_for(res.error or "", form))
+        return Outcome(False, res.error or "The pull failed.", field_for(res.error or "", form),
+                       stream=res.stream)
     if res.status == "nothing-to-do":
-        return Outcome(True, f"{res.stream} is already cached up to that end; nothing to read.")
+        return Outcome(True, f"{res.stream} is already cached up to that end; nothing to read.",
+                       stream=res.stream)
     return Outcome(True, f"Pulled {res.records:,} records of {res.stream} in {res.waves} "
-                         f"wave(s) ({res.seconds:.1f}s).")
+                         f"wave(s) ({res.seconds:.1f}s).", stream=res.stream)
+
+
+def import_message(res: Any) -> str:
+    """One sentence for an ``ImportResult``: records, files, duplicates, bad lines."""
+    if res.files and res.skipped_files == res.files:
+        return f"Nothing new: {_n(res.files, 'file')} already imported into {res.stream}."
+    return (f"Imported {_n(res.records, 'record')} into {res.stream} from "
+            f"{_n(res.files - res.skipped_files, 'file')} ({res.skipped_files} already "
+            f"imported, {_n(res.duplicates, 'duplicate copy', 'duplicate copies')}, "
+            f"{_n(res.bad, 'bad line')} quarantined).")
+
+
+def _n(count: int, one: str, many: str | None = None) -> str:
+    return f"{count:,} {one if count == 1 else (many or one + 's')}"
 
 
 def refresh_form(info: dict[str, Any]) -> PullForm:

@@ -190,3 +190,45 @@ def schema(path: str, ver: int) -> pd.DataFrame:
 def export(path: str, stream: str, filters: queries.RecordFilter, fmt: str) -> bytes:
     """Not cached: big, and generated only when the user asks for the file."""
     return _run(path, queries.export_records, stream, filters, fmt)
+
+
+# --- what a pull needs, started once per server process and only when a pull runs ------------
+
+
+@st.cache_resource(show_spinner=False)
+def warm_spark() -> bool:
+    """Start Spark and its Python workers once (the first pull then skips seconds of start-up).
+
+    Called lazily, right before a pull (and by the empty cache's bootstrap), never on a render.
+    """
+    from spark_backend.spark.session import spark_session, warm_up
+
+    warm_up(spark_session())
+    return True
+
+
+def _stop_server(server: Any) -> None:
+    server.stop()
+
+
+@st.cache_resource(show_spinner=False, on_release=_stop_server)
+def demo_server(seed: int, scale: float, dialect: str) -> Any:
+    """One running demo server per (seed, scale, dialect) for the whole server process."""
+    from fixtures.demo_world import build_world
+    from spark_backend.sources.demo_server import DemoServer
+
+    server = DemoServer(build_world(seed, scale), dialect)
+    server.start()
+    return server
+
+
+def prepare_pull(form: Any) -> str | None:
+    """Ready a pull (``pulling.pull``'s ``prepare``): Spark first (forking next to gRPC
+    threads is fragile), then for source demo the shared demo server; returns its host."""
+    from spark_backend.pull import PullRequest
+
+    warm_spark()
+    if form.source != "demo":
+        return None
+    defaults = PullRequest(source="demo")
+    return demo_server(defaults.demo_seed, defaults.demo_scale, form.dialect).address

@@ -51,6 +51,16 @@ def set_param(name: str, value: str | None) -> None:
         st.query_params[name] = str(value)
 
 
+def choose_stream(name: str) -> None:
+    """Show ``name`` from the next run on (the sidebar's selectbox is already drawn in this
+    one, so the choice waits for ``main`` to apply it before drawing it again)."""
+    st.session_state["chosen_stream"] = name
+
+
+def take_chosen_stream() -> str | None:
+    return st.session_state.pop("chosen_stream", None)
+
+
 def selected_partition() -> str | None:
     return param("partition")
 

@@ -5,7 +5,7 @@ from datetime import timedelta
 
 import streamlit as st
 
-from app import pulling, resources, state, widgets
+from app import pulling, resources, samples, state, widgets
 from app.formatting import ns_column
 from spark_backend import config
 
@@ -75,7 +75,8 @@ if go:
                 line.write(pulling.progress_text(p))
 
             with resources.pull_lock(c.path):
-                outcome = pulling.pull(resources.open_cache(c.path), form, show)
+                outcome = pulling.pull(resources.open_cache(c.path), form, show,
+                                       prepare=resources.prepare_pull)
             box.update(label=outcome.message, state="complete" if outcome.ok else "error")
         if outcome.ok:
             st.session_state["pull_message"] = outcome.message
@@ -85,6 +86,30 @@ if go:
     st.rerun()
 if st.session_state.get("pull_message") and not errors:
     st.success(st.session_state["pull_message"])
+
+st.subheader("Load a sample")
+st.caption("Other systems' files from `fixtures/samples/`, each into its own stream, "
+           "which the sidebar then shows.")
+clicked = None
+for col, sample in zip(st.columns(len(samples.SAMPLES)), samples.SAMPLES, strict=True):
+    if col.button(sample.label, key=sample.key, help=sample.help, width="stretch"):
+        clicked = sample
+if clicked is not None:
+    if st.session_state.get("cache_error"):
+        st.session_state["sample_outcome"] = (False, st.session_state["cache_error"])
+    else:
+        with st.status(f"Importing {clicked.label}…", expanded=True) as box:
+            line = st.empty()
+            with resources.pull_lock(c.path):
+                outcome = samples.load(resources.open_cache(c.path), clicked, line.write)
+            box.update(label=outcome.message, state="complete" if outcome.ok else "error")
+        st.session_state["sample_outcome"] = (outcome.ok, outcome.message)
+        if outcome.ok:
+            state.choose_stream(clicked.stream)
+    st.rerun()
+if st.session_state.get("sample_outcome"):
+    ok, message = st.session_state["sample_outcome"]
+    (st.success if ok else st.error)(message)
 
 st.subheader("Cached streams")
 if st.session_state.get("cache_error"):
@@ -116,7 +141,8 @@ else:
         info = cached[cached["stream"] == live].iloc[0].to_dict()
         refresh = pulling.refresh_form(info)
         with resources.pull_lock(c.path):
-            outcome = pulling.pull(resources.open_cache(c.path), refresh, lambda p: None)
+            outcome = pulling.pull(resources.open_cache(c.path), refresh, lambda p: None,
+                                   prepare=resources.prepare_pull)
         (st.success if outcome.ok else st.error)(
             f"{pulling.now_text()[:19]}Z · {outcome.message}")
 

@@ -351,6 +351,7 @@ def _run_waves(
         return
     staging_root = Path(tempfile.mkdtemp(prefix="csi-pull-", dir=cache.path.parent))
     done = 0
+    failures: list[tuple[str, str]] = []
     try:
         while parts:
             result.waves += 1
@@ -370,13 +371,18 @@ def _run_waves(
             result.partitions_read = done
             report(PullProgress(result.waves, done, _known_partitions(cache, stream),
                                 result.records, f"wave {result.waves} landed"))
-            if failed:
-                token, error = failed[0]
-                raise PullFailed(
-                    f"Partition {token} failed after retries ({error}); what was read is kept "
-                    "and marked incomplete: pull again to resume.", partition=token,
-                )
-            parts = _frontier(cache, stream, end_ns)
+            failures.extend(failed)
+            # Go on with every branch that does not depend on a failed partition.
+            given_up = {token for token, _ in failures}
+            parts = [p for p in _frontier(cache, stream, end_ns) if p[0] not in given_up]
+        if failures:
+            token, error = failures[0]
+            more = f" (and {len(failures) - 1} more)" if len(failures) > 1 else ""
+            raise PullFailed(
+                f"Partition {token}{more} failed after retries ({error}); everything else was "
+                "read, what was read is kept and marked incomplete: pull again to resume.",
+                partition=token,
+            )
         result.status = "complete"
     finally:
         shutil.rmtree(staging_root, ignore_errors=True)

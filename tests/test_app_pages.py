@@ -12,11 +12,12 @@ from streamlit.testing.v1 import AppTest
 sys.path.insert(0, str(Path(__file__).parent))
 from conftest_app import DEMO_SCALE, DEMO_SEED, pull_demo  # noqa: E402
 
-from app import queries, sql_console  # noqa: E402
+from app import pulling, queries, samples, sql_console  # noqa: E402
 from app.formatting import short  # noqa: E402
 from fixtures.demo_world import build_world  # noqa: E402
 from spark_backend import analysis  # noqa: E402
 from spark_backend.cache.store import Cache  # noqa: E402
+from spark_backend.errors import BadInput  # noqa: E402
 
 MAIN = str(Path(__file__).resolve().parent.parent / "app" / "main.py")
 
@@ -254,3 +255,143 @@ def test_walkthrough_steps_highlight_what_they_talk_about(demo_cache, world):
                   "The stall holding the watermark back"):
         assert title in joined
     assert world.stall[0] in titles[-1]
+
+
+# --- Sources: one-click samples, errors placed by their field, the shared demo server ---------
+
+
+def fresh_app(tmp_path, page: str = "sources") -> AppTest:
+    """An empty cache whose bootstrap (the demo pull) is skipped."""
+    at = AppTest.from_file(MAIN, default_timeout=180)
+    at.session_state["cache_path"] = str(tmp_path / "fresh.duckdb")
+    at.session_state["bootstrapped"] = True
+    at.run()
+    at.switch_page(f"../pages/{page}.py").run()
+    assert not at.exception, [e.value for e in at.exception]
+    return at
+
+
+def next_to(at: AppTest, key: str) -> list[str]:
+    """The messages drawn right after the widget ``key``, in the same column."""
+    for col in at.columns:
+        kids = list(col.children.values())
+        for i, kid in enumerate(kids):
+            if getattr(kid, "key", None) == key:
+                out = []
+                for after in kids[i + 1:]:
+                    if type(after).__name__ != "Error":
+                        break
+                    out.append(after.value)
+                return out
+    raise AssertionError(f"no widget {key!r} in a column")
+
+
+@pytest.mark.parametrize("sample", samples.SAMPLES, ids=[s.key for s in samples.SAMPLES])
+def test_sample_button_imports_and_selects_the_stream(tmp_path, sample):
+    assert sample.file.is_file(), sample.path
+    at = fresh_app(tmp_path)
+    at.button(key=sample.key).click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    with Cache(str(tmp_path / "fresh.duckdb")) as cache:
+        landed = cache.con.execute(
+            "SELECT (SELECT count(*) FROM data_change_records WHERE stream = $s)"
+            " + (SELECT count(*) FROM heartbeats WHERE stream = $s)"
+            " + (SELECT count(*) FROM child_partitions_records WHERE stream = $s),"
+            " (SELECT count(*) FROM quarantine WHERE stream = $s)", {"s": sample.stream}
+        ).fetchone()
+        system = cache.con.execute("SELECT system FROM streams WHERE stream = ?",
+                                   [sample.stream]).fetchone()
+    assert system == (sample.fmt,)
+    records, bad = landed
+    assert records > 0
+    said = [m.value for m in at.success]
+    counted = f"{records:,} record{'' if records == 1 else 's'}"
+    assert any(f"Imported {counted} into {sample.stream}" in m
+               and f"{bad} bad line" in m for m in said), said
+    # ... and the stream is the one shown.
+    assert at.sidebar.selectbox(key="stream_select").value == sample.stream
+    assert not at.warning, [w.value for w in at.warning]
+    assert at.query_params["stream"] == [sample.stream] or \
+        at.query_params["stream"] == sample.stream
+    # Again: the same file adds nothing, and says so.
+    at.button(key=sample.key).click().run()
+    assert any("Nothing new" in m.value for m in at.success)
+
+
+def test_sample_with_a_missing_file_is_a_message(tmp_path, monkeypatch):
+    monkeypatch.setattr(samples, "ROOT", tmp_path / "elsewhere")
+    at = fresh_app(tmp_path)
+    at.button(key=samples.SAMPLES[0].key).click().run()
+    assert not at.exception
+    assert any("does not exist" in e.value for e in at.error)
+
+
+def test_cockroachdb_sample_names_its_table(tmp_path):
+    sample = samples.by_key("sample_cockroachdb_diff")
+    with Cache(str(tmp_path / "c.duckdb")) as cache:
+        outcome = samples.load(cache, sample)
+        assert outcome.ok, outcome.message
+        tables = cache.con.execute(
+            "SELECT DISTINCT table_name FROM data_change_records WHERE stream = ?",
+            [sample.stream]).fetchall()
+    assert tables == [(sample.options["table"],)]
+
+
+def test_bad_start_is_shown_next_to_the_start_field(demo_cache):
+    at = app(demo_cache, "sources")
+    at.text_input(key="src_start").set_value("yesterday")
+    at.button(key="src_go").click().run()
+    assert not at.exception
+    beside = next_to(at, "src_start")
+    assert any("'yesterday' is not a timestamp" in e for e in beside), beside
+    assert next_to(at, "src_end") == [] and next_to(at, "src_stream") == []
+
+
+def test_backend_bad_start_lands_by_its_field_before_anything_starts(tmp_path):
+    """Unvalidated by the form, the backend's BadInput(field="start") places the message; the
+    pull is refused before Spark or a demo server is prepared."""
+    prepared = []
+    with Cache(str(tmp_path / "c.duckdb")) as cache:
+        outcome = pulling.pull(cache, pulling.PullForm(source="demo", start="yesterday"),
+                               lambda p: None, prepare=prepared.append)
+    assert not outcome.ok and outcome.field == "start"
+    assert "'yesterday' is not a timestamp" in outcome.message
+    assert prepared == []
+
+
+def test_the_field_attribute_wins_over_the_words(tmp_path, monkeypatch):
+    import spark_backend.pull as backend
+
+    def refuse(cache, request, progress=None):
+        raise BadInput("The heartbeat of this stream does not allow that range.", field="end")
+
+    monkeypatch.setattr(backend, "run_pull", refuse)
+    form = pulling.PullForm(source="demo")
+    with Cache(str(tmp_path / "c.duckdb")) as cache:
+        outcome = pulling.pull(cache, form, lambda p: None)
+    assert (outcome.ok, outcome.field) == (False, "end")
+    # Without a field the words still place it; a field the form does not show is general.
+    assert pulling.error_field(BadInput("The heartbeat is 5 ms."), form) == "heartbeat_ms"
+    assert pulling.error_field(BadInput("No such project.", field="project"), form) == "general"
+    spanner = pulling.PullForm(source="spanner")
+    assert pulling.error_field(BadInput("x", field="project"), spanner) == "project"
+    assert pulling.error_field(BadInput("x", field="stream"), spanner) == "source_stream"
+    files = pulling.PullForm(source="files")
+    assert pulling.error_field(BadInput("x", field="stream"), files) == "stream"
+
+
+def test_demo_pull_uses_the_shared_demo_server(tmp_path, world):
+    from app import resources
+
+    at = fresh_app(tmp_path)
+    at.text_input(key="src_stream").set_value("DemoAgain")
+    at.button(key="src_go").click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    said = [m.value for m in at.success]
+    assert any("Pulled" in m and "DemoAgain" in m for m in said), said + [e.value for e in at.error]
+    server = resources.demo_server(DEMO_SEED, DEMO_SCALE, "googlesql")
+    assert server.address and server.queries_served > 0
+    with Cache(str(tmp_path / "fresh.duckdb")) as cache:
+        n = cache.con.execute("SELECT count(*) FROM data_change_records WHERE stream = ?",
+                              ["DemoAgain"]).fetchone()[0]
+    assert n == world.num_data_change_records

@@ -15,7 +15,7 @@ from typing import Any
 
 import duckdb
 
-from ..errors import CacheError
+from ..errors import BadInput, CacheError
 from .schema import DDL, SCHEMA_VERSION
 
 _STREAM_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]{0,127}$")
@@ -117,12 +117,14 @@ class Cache:
                 return names[0]
             if not names:
                 raise CacheError(f"The cache {self.path} holds no stream yet; pull or import one.")
-            raise CacheError(
-                f"The cache holds several streams ({', '.join(names)}); choose one with --stream."
+            raise BadInput(
+                f"The cache holds several streams ({', '.join(names)}); choose one with --stream.",
+                field="stream",
             )
         if stream not in names:
             listed = ", ".join(names) if names else "none"
-            raise CacheError(f"No stream {stream!r} in the cache {self.path} (streams: {listed}).")
+            raise BadInput(f"No stream {stream!r} in the cache {self.path} (streams: {listed}).",
+                           field="stream")
         return stream
 
     def ensure_stream(

@@ -24,9 +24,18 @@ PostgreSQL databases use quoted identifiers (``"Accounts"``, ``"AccountId"``, ``
 table, column and read function names are the same in both dialects:
 ``READ_BankStream`` / ``"spanner"."read_json_BankStream"``.
 
-Emulator facts this module relies on (emulator 1.5.x, checked by tests/test_emulator_source.py):
-the emulator's gRPC server binds with SO_REUSEPORT, so two emulators can silently share one port
-and split the connections between them; :class:`EmulatorProcess` checks it is the only listener.
+Emulator facts (google-cloud-cli-spanner-emulator 528.0.0; tests/test_emulator_source.py):
+
+- Its gRPC server binds with SO_REUSEPORT: two emulators can silently share one port and split
+  the connections between them. :class:`EmulatorProcess` checks it is the only listener.
+- GetDatabase does not report ``database_dialect``: open PostgreSQL databases with the dialect
+  given explicitly (:func:`open_database`); :func:`database_dialect_of` asks with SQL.
+- Change stream records carry ``transaction_tag = ''`` (tags are not recorded) and show the
+  commit-timestamp sentinel as ``9999-12-31T23:59:59Z`` in ``new_values``; the workload therefore
+  writes client-clock timestamps. Match committed transactions to records by commit timestamp
+  (unique per transaction here) and keys, not by tag.
+- The earliest valid ``start_timestamp`` is the change stream's DDL commit timestamp;
+  :attr:`EmulatorWorld.created_at` (client clock after provisioning) is always valid.
 """
 
 from __future__ import annotations
@@ -208,7 +217,10 @@ class EmulatorProcess:
     def command(self, port: int) -> list[str]:
         cmd = [self.binary, "--host_port", f"127.0.0.1:{port}"]
         if self.churn_seconds is not None:
-            cmd += ["--override_change_stream_partition_token_alive_seconds", str(self.churn_seconds)]
+            cmd += [
+                "--override_change_stream_partition_token_alive_seconds",
+                str(self.churn_seconds),
+            ]
         return cmd + list(self.extra_args)
 
     def start(self) -> EmulatorProcess:
@@ -312,7 +324,8 @@ class EmulatorProcess:
                 continue
             channel = grpc.insecure_channel(f"127.0.0.1:{port}")
             try:
-                grpc.channel_ready_future(channel).result(timeout=max(0.1, deadline - time.monotonic()))
+                remaining = max(0.1, deadline - time.monotonic())
+                grpc.channel_ready_future(channel).result(timeout=remaining)
             except grpc.FutureTimeoutError:
                 continue
             finally:
@@ -398,9 +411,9 @@ def schema_ddl(dialect: Dialect, stream: str = DEFAULT_STREAM) -> list[str]:
         return [
             'CREATE TABLE "Accounts" ("AccountId" varchar(64) NOT NULL, "Balance" bigint NOT NULL, '
             '"LastUpdate" spanner.commit_timestamp, PRIMARY KEY ("AccountId"))',
-            'CREATE TABLE "Transfers" ("TransferId" varchar(64) NOT NULL, "FromAccount" varchar(64), '
-            '"ToAccount" varchar(64), "Amount" bigint, "CreatedAt" spanner.commit_timestamp, '
-            'PRIMARY KEY ("TransferId"))',
+            'CREATE TABLE "Transfers" ("TransferId" varchar(64) NOT NULL, '
+            '"FromAccount" varchar(64), "ToAccount" varchar(64), "Amount" bigint, '
+            '"CreatedAt" spanner.commit_timestamp, PRIMARY KEY ("TransferId"))',
             f'CREATE CHANGE STREAM "{stream}" FOR ALL',
         ]
     _dialect_enum(dialect)
@@ -448,13 +461,34 @@ def provision(
         db.update_ddl(ddl).result(timeout=60)
 
 
+def database_dialect_of(database: Any) -> Dialect:
+    """Dialect of an existing database, asked with SQL.
+
+    The emulator's GetDatabase leaves ``database_dialect`` unset, so ``Database.reload()`` cannot
+    tell; ``information_schema.database_options`` answers in both dialects.
+    """
+    sql = (
+        "SELECT option_value FROM information_schema.database_options "
+        "WHERE option_name = 'database_dialect'"
+    )
+    with database.snapshot() as snap:
+        rows = list(snap.execute_sql(sql))
+    return "postgresql" if rows and rows[0][0] == "POSTGRESQL" else "googlesql"
+
+
+def open_database(host: str, project: str, instance: str, database: str, dialect: Dialect) -> Any:
+    """A ``Database`` handle on the emulator, dialect set (the emulator does not report it)."""
+    client = make_client(host, project)
+    return client.instance(instance).database(database, database_dialect=_dialect_enum(dialect))
+
+
 def _check_existing(inst: Any, database: str, dialect: Dialect, stream: str) -> None:
     db = inst.database(database)
-    db.reload()
-    found = "postgresql" if db.database_dialect == _dialect_enum("postgresql") else "googlesql"
+    found = database_dialect_of(db)
     name = f"projects/{inst._client.project}/instances/{inst.instance_id}/databases/{database}"
     if found != dialect:
         raise EmulatorProvisionError(f"{name} already exists with dialect {found}, not {dialect}")
+    db.reload()
     wanted = {f"CREATE CHANGE STREAM {stream}", f'CREATE CHANGE STREAM "{stream}"'}
     if not any(s.split("\n")[0].split(" FOR ")[0].strip() in wanted for s in db.ddl_statements):
         raise EmulatorProvisionError(f"{name} already exists without change stream {stream}")
@@ -486,6 +520,12 @@ class CommittedTxn:
         return frozenset(w.table for w in self.writes)
 
 
+def _now() -> dt.datetime:
+    # Client clock, not the commit-timestamp sentinel: the emulator (1.5.x) puts the sentinel's
+    # placeholder 9999-12-31T23:59:59Z into change stream new_values instead of the commit time.
+    return dt.datetime.now(dt.timezone.utc)
+
+
 ACCOUNT_COLS = ["AccountId", "Balance", "LastUpdate"]
 TRANSFER_COLS = ["TransferId", "FromAccount", "ToAccount", "Amount", "CreatedAt"]
 INITIAL_BALANCE = 1_000
@@ -503,7 +543,8 @@ class Workload:
     The content is deterministic for a given ``seed`` on a fresh database (run sequentially by
     :meth:`run_n` or by the background thread from :meth:`start`; both share one lock). The first
     transaction seeds ``accounts`` accounts when the table is empty. Two workloads with the same
-    seed on one database would collide on transfer ids: give each its own seed.
+    seed on one database would collide on transfer ids: give each its own seed, and run them one
+    after the other (each keeps its own model of which accounts exist).
     """
 
     def __init__(
@@ -520,18 +561,12 @@ class Workload:
     ) -> None:
         if accounts < 2:
             raise ValueError("accounts must be >= 2")
-        from google.cloud.spanner import COMMIT_TIMESTAMP
-
-        self._commit_ts = COMMIT_TIMESTAMP
         self.host, self.project, self.instance, self.database = host, project, instance, database
         self.dialect = dialect
         self.seed = seed
         self.accounts = accounts
         self.rate_per_s = rate_per_s
-        self._client = make_client(host, project)
-        self._db = self._client.instance(instance).database(
-            database, database_dialect=_dialect_enum(dialect)
-        )
+        self._db = open_database(host, project, instance, database, dialect)
         self._rng = random.Random(seed)
         self._ids: list[str] | None = None
         self._n_transfers = 0
@@ -552,7 +587,11 @@ class Workload:
             return list(self._committed)
 
     def run_n(self, n: int) -> list[CommittedTxn]:
-        """Run exactly ``n`` transactions now (plus the seeding one on an empty database)."""
+        """Run exactly ``n`` transactions now and return them.
+
+        On an empty database a seeding transaction (``action="seed"``) runs first; it is in
+        :attr:`committed` but not in the returned list.
+        """
         out = []
         for _ in range(n):
             out.append(self.step())
@@ -622,9 +661,8 @@ class Workload:
             writes = tuple(Write("Accounts", a, "INSERT") for a in ids)
 
             def seed_txn(txn: Any) -> None:
-                txn.insert(
-                    "Accounts", ACCOUNT_COLS, [[a, INITIAL_BALANCE, self._commit_ts] for a in ids]
-                )
+                now = _now()
+                txn.insert("Accounts", ACCOUNT_COLS, [[a, INITIAL_BALANCE, now] for a in ids])
 
             self._commit("seed", seed_txn, writes)
         self._ids = ids
@@ -655,7 +693,6 @@ class Workload:
         from google.cloud.spanner_v1.keyset import KeySet
 
         a = plan.args
-        ts = self._commit_ts
 
         def balances(txn: Any, ids: list[str]) -> dict[str, int]:
             rows = txn.read("Accounts", ["AccountId", "Balance"], KeySet(keys=[[i] for i in ids]))
@@ -669,6 +706,7 @@ class Workload:
             )
 
             def fn(txn: Any) -> None:
+                ts = _now()
                 bal = balances(txn, [a["from"], a["to"]])
                 txn.update(
                     "Accounts",
@@ -678,20 +716,22 @@ class Workload:
                         [a["to"], bal[a["to"]] + a["amount"], ts],
                     ],
                 )
-                txn.insert("Transfers", TRANSFER_COLS, [[a["id"], a["from"], a["to"], a["amount"], ts]])
+                row = [a["id"], a["from"], a["to"], a["amount"], ts]
+                txn.insert("Transfers", TRANSFER_COLS, [row])
 
         elif plan.action == "open_account":
             writes = (Write("Accounts", a["id"], "INSERT"),)
 
             def fn(txn: Any) -> None:
-                txn.insert("Accounts", ACCOUNT_COLS, [[a["id"], a["balance"], ts]])
+                txn.insert("Accounts", ACCOUNT_COLS, [[a["id"], a["balance"], _now()]])
 
         elif plan.action == "close_account":
             writes = (Write("Accounts", a["heir"], "UPDATE"), Write("Accounts", a["id"], "DELETE"))
 
             def fn(txn: Any) -> None:
                 bal = balances(txn, [a["id"], a["heir"]])
-                txn.update("Accounts", ACCOUNT_COLS, [[a["heir"], bal[a["heir"]] + bal[a["id"]], ts]])
+                heir_balance = bal[a["heir"]] + bal[a["id"]]
+                txn.update("Accounts", ACCOUNT_COLS, [[a["heir"], heir_balance, _now()]])
                 txn.delete("Accounts", KeySet(keys=[[a["id"]]]))
 
         else:  # pragma: no cover

@@ -1,0 +1,170 @@
+"""The command line: every command on the demo, bad input answered in one line, nothing lost."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from spark_backend.cli import main
+
+ROOT = Path(__file__).resolve().parent.parent
+SCALE = "0.2"
+
+
+def run(capsys, *argv):
+    code = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.fixture(scope="module")
+def demo_cache(spark, tmp_path_factory):
+    path = tmp_path_factory.mktemp("cli") / "demo.duckdb"
+    assert main(["pull", "--source", "demo", "--demo-scale", SCALE, "--cache", str(path)]) == 0
+    return path
+
+
+def test_report_text_and_json(capsys, demo_cache):
+    code, out, _ = run(capsys, "report", "--cache", demo_cache)
+    assert code == 0
+    assert "stream DemoStream (spanner)" in out and "held back by partition" in out
+    code, out, _ = run(capsys, "report", "--cache", demo_cache, "--json")
+    report = json.loads(out)
+    assert report["records"]["data_change"] > 1000
+    assert report["holding_back"] and report["low_watermark"].endswith("Z")
+
+
+def test_fail_on_stall_exit_code(capsys, demo_cache):
+    # Every open partition is at most a heartbeat behind the end: not stalled at 60 s...
+    code, _, _ = run(capsys, "report", "--cache", demo_cache, "--fail-on-stall")
+    assert code == 0
+    # ...but with a threshold below that, the lagging ones are.
+    code, out, _ = run(capsys, "report", "--cache", demo_cache, "--stall-after", "0.001",
+                       "--fail-on-stall")
+    assert code == 3 and "STALLED: partition" in out
+
+
+def test_history_of_one_key_in_commit_order(capsys, demo_cache):
+    code, out, _ = run(capsys, "history", "--cache", demo_cache, "--table", "Accounts", "--json")
+    changes = json.loads(out)
+    assert code == 0 and changes
+    key = changes[0]["keys"]
+    code, out, _ = run(capsys, "history", "--cache", demo_cache, "--table", "Accounts",
+                       "--key", json.dumps(key), "--json")
+    one = json.loads(out)
+    assert one and all(c["keys"] == key for c in one)
+    stamps = [c["commit_timestamp"] for c in one]
+    assert stamps == sorted(stamps)
+    assert set(one[0]) >= {"commit_timestamp", "mod_type", "keys", "old_values", "new_values",
+                           "transaction_id", "partition"}
+    assert {c["mod_type"] for c in changes} <= {"INSERT", "UPDATE", "DELETE"}
+
+
+def test_export_then_import_gives_the_same_stream(capsys, demo_cache, tmp_path):
+    out_file = tmp_path / "demo.jsonl"
+    code, _, _ = run(capsys, "export", "--cache", demo_cache, "--out", out_file)
+    assert code == 0
+    first = json.loads(out_file.read_text().splitlines()[0])
+    assert first["partition_token"] is None and "child_partitions_record" in first
+    other = tmp_path / "replay.duckdb"
+    code, out, _ = run(capsys, "import", "--cache", other, "--format", "recording",
+                       "--stream", "Replay", out_file)
+    assert code == 0 and "imported" in out
+    _, a, _ = run(capsys, "report", "--cache", demo_cache, "--json")
+    _, b, _ = run(capsys, "report", "--cache", other, "--json")
+    a, b = json.loads(a), json.loads(b)
+    assert b["records"] == a["records"]
+    assert b["edges"] == a["edges"]
+    assert b["transactions"] == a["transactions"]
+    assert [p["token"] for p in b["partitions"]] == [p["token"] for p in a["partitions"]]
+    assert b["holding_back"] == a["holding_back"] and b["duplicates"] == 0
+    # Importing the same file again adds nothing.
+    code, out, _ = run(capsys, "import", "--cache", other, "--format", "recording",
+                       "--stream", "Replay", out_file)
+    assert code == 0 and "1 already imported" in out
+    _, c, _ = run(capsys, "report", "--cache", other, "--json")
+    assert json.loads(c)["records"] == a["records"]
+
+
+def test_malformed_recording_lines_are_counted_and_kept(capsys, tmp_path):
+    good = {"partition_token": "t1", "heartbeat_record": {"timestamp": "2022-09-27T12:35:00Z"}}
+    lines = [json.dumps(good), '{"partition_token": "t1", "heartbeat_record": {"timest',
+             json.dumps({"partition_token": "t1", "heartbeat_record": {
+                 "timestamp": "2022-09-27T12:36:00Z"}}), '{"nope": 1}']
+    path = tmp_path / "rec.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    cache = tmp_path / "q.duckdb"
+    code, out, err = run(capsys, "import", "--cache", cache, "--format", "recording",
+                         "--stream", "R", path)
+    assert code == 0
+    assert "imported 2 records" in out and "2 bad record(s) kept in quarantine" in out
+    assert "rec.jsonl line 2: not JSON" in err and "rec.jsonl line 4" in err
+    import duckdb
+
+    with duckdb.connect(str(cache), read_only=True) as con:
+        rows = con.execute("SELECT line, raw FROM quarantine ORDER BY line").fetchall()
+    assert [r[0] for r in rows] == [2, 4] and rows[1][1] == '{"nope": 1}'
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["pull", "--source", "demo", "--stream", "x; DROP TABLE t"],
+     "is not a valid change stream name"),
+    (["pull", "--source", "demo", "--start", "2026-01-05T10:00:00Z",
+      "--end", "2026-01-05T09:00:00Z"], "is after --end"),
+    (["pull", "--source", "demo", "--heartbeat-ms", "500"], "Spanner accepts 1,000 to 300,000"),
+    (["pull", "--source", "spanner", "--project", "p", "--instance", "i", "--database", "d",
+      "--stream", "S", "--start", "2999-01-01T00:00:00Z", "--end", "2999-01-02T00:00:00Z"],
+     "is in the future"),
+    (["pull", "--source", "spanner", "--stream", "S"], "needs --project, --instance, --database"),
+    (["pull", "--source", "demo", "--start", "yesterday"], "is not a timestamp"),
+    (["import", "--format", "parquet", "--stream", "S", "x.jsonl"], "accepted formats are"),
+    (["import", "--format", "recording", "--stream", "S", "/no/such/file.jsonl"],
+     "does not exist"),
+    (["history", "--table", "Accounts", "--key", "[1,2]"], "is a JSON object"),
+    (["report", "--stream", "NoSuch"], "No stream 'NoSuch'"),
+])
+def test_bad_input_is_one_line(capsys, demo_cache, tmp_path, argv, message):
+    cache = demo_cache if argv[0] in ("history", "report") else tmp_path / "bad.duckdb"
+    before = cache.stat().st_size if cache.exists() else None
+    code, out, err = run(capsys, *argv, "--cache", cache)
+    assert code == 2, err
+    assert message in err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    if before is not None:
+        assert cache.stat().st_size >= before
+
+
+def test_unknown_stream_at_the_source_fails_in_one_line(capsys, tmp_path):
+    code, _, err = run(capsys, "pull", "--source", "demo", "--stream", "NoSuchStream",
+                       "--cache", tmp_path / "c.duckdb")
+    assert code == 1
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "NoSuchStream" in errors[0] and "Traceback" not in err
+
+
+def test_several_streams_need_a_name(capsys, demo_cache, tmp_path):
+    import shutil
+
+    copy = tmp_path / "two.duckdb"
+    shutil.copy(demo_cache, copy)
+    rec = tmp_path / "r.jsonl"
+    rec.write_text(json.dumps({"partition_token": "t", "heartbeat_record": {
+        "timestamp": "2022-09-27T12:35:00Z"}}) + "\n")
+    assert run(capsys, "import", "--cache", copy, "--format", "recording", "--stream", "Other",
+               rec)[0] == 0
+    code, _, err = run(capsys, "report", "--cache", copy)
+    assert code == 2 and "several streams (DemoStream, Other)" in err
+
+
+def test_the_module_runs_as_a_command(demo_cache):
+    env = {**os.environ, "SPANNER_DISABLE_BUILTIN_METRICS": "true"}
+    out = subprocess.run([sys.executable, "-m", "spark_backend", "report", "--cache",
+                          str(demo_cache), "--json"], capture_output=True, text=True, env=env,
+                         cwd=ROOT, timeout=120, check=False)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["stream"] == "DemoStream"
