@@ -37,7 +37,7 @@ def clock(ns: Any) -> str:
     if is_missing(ns):
         return "-"
     seconds = int(ns) // 1_000_000_000
-    return dt.datetime.fromtimestamp(seconds, tz=dt.timezone.utc).strftime("%H:%M:%S")
+    return dt.datetime.fromtimestamp(seconds, tz=dt.UTC).strftime("%H:%M:%S")
 
 
 def timestamp(ns: Any) -> str:

@@ -158,20 +158,19 @@ def run_baseline(host: str, dialect: str, stream: str, start: str, end: str,
 
 
 def run_project(host: str, dialect: str, stream: str, start: str, end: str,
-                master: str | None) -> dict:
+                master: str | None, threads: int) -> dict:
     os.environ["SPANNER_EMULATOR_HOST"] = host
     from spark_backend.cache.store import Cache
     from spark_backend.pull import PullRequest, run_pull
-    from spark_backend.spark.session import spark_session
-
-    from spark_backend.spark.session import warm_up
+    from spark_backend.spark.session import spark_session, warm_up
 
     warm_up(spark_session(master))  # one-time JVM and worker start-up: not part of throughput
     with tempfile.TemporaryDirectory() as tmp, Cache(Path(tmp) / "bench.duckdb") as cache:
         began = time.monotonic()
         result = run_pull(cache, PullRequest(
             source="spanner", project="p", instance="i", database="d", source_stream=stream,
-            dialect=dialect, start=start, end=end, spark_master=master))
+            dialect=dialect, start=start, end=end, spark_master=master,
+            threads_per_task=threads))
         seconds = time.monotonic() - began
         if result.status != "complete":
             raise SystemExit(f"pull failed: {result.error}")
@@ -186,7 +185,7 @@ def _side(args) -> None:
                                args.baseline_seconds)
         else:
             out = run_project(args.host, args.dialect, args.stream, args.start, args.end,
-                              args.master)
+                              args.master, args.threads)
     out["peak_mb"] = mem.peak_kb / 1024
     print(json.dumps(out), flush=True)
 
@@ -209,7 +208,7 @@ def _start_server(scale: float, dialect: str, latency_ms: float) -> tuple[subpro
 def _run_side(role: str, host: str, args, world) -> dict:
     cmd = [sys.executable, __file__, "--role", role, "--host", host, "--dialect", args.dialect,
            "--stream", world["stream"], "--start", world["start"], "--end", world["end"],
-           "--baseline-seconds", str(args.baseline_seconds)]
+           "--baseline-seconds", str(args.baseline_seconds), "--threads", str(args.threads)]
     if args.master:
         cmd += ["--master", args.master]
     out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=False)
@@ -228,6 +227,8 @@ def main() -> None:
     parser.add_argument("--master", default=None, help="Spark master (default: local[*])")
     parser.add_argument("--baseline-seconds", type=float, default=180.0,
                         help="the baseline reads this long at most (it reports a rate)")
+    parser.add_argument("--threads", type=int, default=8,
+                        help="partitions each Spark task reads at the same time")
     parser.add_argument("--role", choices=["baseline", "project"], help=argparse.SUPPRESS)
     parser.add_argument("--host", help=argparse.SUPPRESS)
     parser.add_argument("--stream", help=argparse.SUPPRESS)

@@ -17,6 +17,8 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,8 +28,13 @@ from .cache.store import Cache
 from .errors import BadInput, InspectorError, PullFailed, SourceError
 from .records import to_arrow_batch
 from .sources.spanner import (
-    SpannerTarget, describe_error, open_database, read_partition_rows, validate_dialect,
-    validate_heartbeat, validate_stream_name,
+    SpannerTarget,
+    describe_error,
+    open_database,
+    read_partition_rows,
+    validate_dialect,
+    validate_heartbeat,
+    validate_stream_name,
 )
 from .timestamps import TimestampError, coerce_ns, format_ns, now_ns
 
@@ -216,10 +223,19 @@ def _initial_query(cache, stream, pull_id, src, request, start_ns, end_ns) -> in
     return stats.child_partitions
 
 
-def _read_wave(spark, src, request, parts, end_ns, staging: Path) -> Any:
-    """Run one Spark job over the wave's partitions; returns what to ingest."""
+def _read_wave(spark, src, request, parts, end_ns, staging: Path,
+               on_progress: Callable[[int, int], None]) -> Any:
+    """Run one Spark job over the wave's partitions; returns what to ingest.
+
+    The job runs in a helper thread while this thread relays the tasks' progress notes to
+    ``on_progress(partitions_done, records)`` (so a UI callback stays on its own thread).
+    """
     from .spark.session import is_remote
 
+    remote = is_remote(spark)
+    progress_dir = staging.parent / f"{staging.name}-progress"
+    if not remote:
+        progress_dir.mkdir(parents=True, exist_ok=True)
     options = {
         "project": src.target.project, "instance": src.target.instance,
         "database": src.target.database, "dialect": src.target.dialect,
@@ -227,13 +243,42 @@ def _read_wave(spark, src, request, parts, end_ns, staging: Path) -> Any:
         "heartbeat_ms": str(request.heartbeat_ms), "end_ns": str(end_ns),
         "max_attempts": str(request.max_attempts),
         "tasks": str(_task_slots(spark)), "threads": str(request.threads_per_task),
+        "progress_dir": "" if remote else str(progress_dir),
         "partitions": json.dumps([{"token": t, "start_ns": s} for t, s in parts]),
     }
     df = spark.read.format("spanner_change_stream").options(**options).load()
-    if is_remote(spark):
-        return df.toArrow()  # Spark Connect: the cluster cannot write into our staging folder
-    df.write.mode("overwrite").parquet(str(staging))
-    return str(staging / "*.parquet")
+
+    def run() -> Any:
+        if remote:
+            return df.toArrow()  # Spark Connect: the cluster cannot write into our folder
+        df.write.mode("overwrite").parquet(str(staging))
+        return str(staging / "*.parquet")
+
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        job = pool.submit(run)
+        try:
+            while True:
+                try:
+                    return job.result(timeout=0.5)
+                except FutureTimeout:
+                    on_progress(*_task_progress(progress_dir))
+        except BaseException:
+            if not job.done():
+                with contextlib.suppress(Exception):
+                    spark.sparkContext.cancelAllJobs()
+            raise
+        finally:
+            shutil.rmtree(progress_dir, ignore_errors=True)
+
+
+def _task_progress(progress_dir: Path) -> tuple[int, int]:
+    partitions = records = 0
+    for note in progress_dir.glob("task-*.json"):
+        with contextlib.suppress(OSError, ValueError):
+            data = json.loads(note.read_text())
+            partitions += int(data["partitions"])
+            records += int(data["records"])
+    return partitions, records
 
 
 def _known_partitions(cache: Cache, stream: str) -> int:
@@ -360,7 +405,14 @@ def _run_waves(
                                 f"wave {result.waves}: reading {len(parts)} partitions and "
                                 "the children they lead to"))
             staging = staging_root / f"wave-{result.waves}"
-            batch = _read_wave(spark, src, request, parts, end_ns, staging)
+            wave, base_done, base_records = result.waves, done, result.records
+
+            def live(partitions: int, records: int) -> None:
+                report(PullProgress(wave, base_done + partitions,
+                                    max(known, base_done + partitions), base_records + records,
+                                    f"wave {wave}: reading"))
+
+            batch = _read_wave(spark, src, request, parts, end_ns, staging, live)
             rows, ended, failed = _wave_outcome(cache, batch)
             cache.ingest(stream, pull_id, batch, extra_sql=[(
                 "UPDATE pulls SET records = records + ?, waves = ? WHERE pull_id = ?",

@@ -9,7 +9,7 @@ _RFC3339 = re.compile(
     r"^(\d{4})-(\d{2})-(\d{2})[Tt ](\d{2}):(\d{2}):(\d{2})(?:\.(\d{1,9}))?"
     r"(Z|z|[+-]\d{2}:?\d{2})?$"
 )
-_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 NS_PER_S = 1_000_000_000
 
 
@@ -28,7 +28,7 @@ def parse_ns(text: str) -> int:
     try:
         base = dt.datetime(
             int(year), int(month), int(day), int(hour), int(minute), int(second),
-            tzinfo=dt.timezone.utc,
+            tzinfo=dt.UTC,
         )
     except ValueError as e:
         raise TimestampError(f"{text!r} is not a valid date/time: {e}") from e
@@ -54,7 +54,7 @@ def format_ns(ns: int) -> str:
 def from_datetime(value: dt.datetime) -> int:
     """A datetime (naive = UTC; DatetimeWithNanoseconds keeps its nanoseconds) -> nanoseconds."""
     if value.tzinfo is None:
-        value = value.replace(tzinfo=dt.timezone.utc)
+        value = value.replace(tzinfo=dt.UTC)
     delta = value - _EPOCH
     ns = (delta.days * 86_400 + delta.seconds) * NS_PER_S
     nanosecond = getattr(value, "nanosecond", None)
@@ -69,12 +69,12 @@ def to_datetime(ns: int):
     base = _EPOCH + dt.timedelta(seconds=seconds)
     return DatetimeWithNanoseconds(
         base.year, base.month, base.day, base.hour, base.minute, base.second,
-        nanosecond=nanos, tzinfo=dt.timezone.utc,
+        nanosecond=nanos, tzinfo=dt.UTC,
     )
 
 
 def now_ns() -> int:
-    return from_datetime(dt.datetime.now(dt.timezone.utc))
+    return from_datetime(dt.datetime.now(dt.UTC))
 
 
 def coerce_ns(value) -> int:

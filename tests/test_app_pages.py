@@ -10,14 +10,14 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from conftest_app import DEMO_SCALE, DEMO_SEED, pull_demo  # noqa: E402
+from conftest_app import DEMO_SCALE, DEMO_SEED, pull_demo
 
-from app import pulling, queries, samples, sql_console  # noqa: E402
-from app.formatting import short  # noqa: E402
-from fixtures.demo_world import build_world  # noqa: E402
-from spark_backend import analysis  # noqa: E402
-from spark_backend.cache.store import Cache  # noqa: E402
-from spark_backend.errors import BadInput  # noqa: E402
+from app import pulling, queries, samples, sql_console
+from app.formatting import short
+from fixtures.demo_world import build_world
+from spark_backend import analysis
+from spark_backend.cache.store import Cache
+from spark_backend.errors import BadInput
 
 MAIN = str(Path(__file__).resolve().parent.parent / "app" / "main.py")
 

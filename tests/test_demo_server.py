@@ -6,21 +6,21 @@ import json
 import os
 import socket
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 os.environ["SPANNER_DISABLE_BUILTIN_METRICS"] = "true"
 
-import pytest  # noqa: E402
-from google.api_core import exceptions as gexc  # noqa: E402
-from google.auth.credentials import AnonymousCredentials  # noqa: E402
-from google.cloud import spanner  # noqa: E402
-from google.cloud.spanner_admin_database_v1 import DatabaseDialect  # noqa: E402
-from google.cloud.spanner_v1 import param_types  # noqa: E402
-from google.protobuf.json_format import MessageToDict  # noqa: E402
+import pytest
+from google.api_core import exceptions as gexc
+from google.auth.credentials import AnonymousCredentials
+from google.cloud import spanner
+from google.cloud.spanner_admin_database_v1 import DatabaseDialect
+from google.cloud.spanner_v1 import param_types
+from google.protobuf.json_format import MessageToDict
 
-from fixtures.demo_world import build_world, format_ts, parse_ts  # noqa: E402
-from spark_backend.sources.demo_server import (  # noqa: E402
+from fixtures.demo_world import build_world, format_ts, parse_ts
+from spark_backend.sources.demo_server import (
     DemoServer,
     googlesql_row_type,
     postgresql_row_type,
@@ -38,7 +38,7 @@ def world():
 
 
 def _dt(ns):
-    return None if ns is None else datetime.fromtimestamp(ns // 10**9, timezone.utc).replace(
+    return None if ns is None else datetime.fromtimestamp(ns // 10**9, UTC).replace(
         microsecond=ns % 10**9 // 1000)
 
 

@@ -17,12 +17,12 @@ import pytest
 
 os.environ.setdefault("SPANNER_DISABLE_BUILTIN_METRICS", "true")
 
-from spark_backend.sources import emulator as em  # noqa: E402
+from spark_backend.sources import emulator as em
 
 pytestmark = pytest.mark.emulator
 
 DIALECTS = ["googlesql", "postgresql"]
-UTC = dt.timezone.utc
+UTC = dt.UTC
 
 
 def _require_emulator() -> str:

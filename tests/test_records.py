@@ -6,9 +6,9 @@ import json
 
 import pytest
 
+from spark_backend.errors import BadInput
 from spark_backend.records import RecordError, from_change_record
 from spark_backend.sources.spanner import _decoder, query_text, validate_stream_name
-from spark_backend.errors import BadInput
 from spark_backend.timestamps import format_ns, parse_ns
 
 DOC_UPDATE = {

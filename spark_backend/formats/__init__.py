@@ -8,6 +8,7 @@ and must not hold a whole file in memory.
 
 from __future__ import annotations
 
+import gzip
 import importlib
 from types import ModuleType
 
@@ -19,6 +20,15 @@ FORMATS: dict[str, str] = {
     "cockroachdb": "spark_backend.formats.cockroachdb",
     "bigtable": "spark_backend.formats.bigtable",
 }
+
+
+def open_text(path: str):
+    """(text file, its first 4 bytes): ``.gz`` content is decompressed, bad UTF-8 replaced."""
+    with open(path, "rb") as probe:
+        head = probe.read(4)
+    if head[:2] == b"\x1f\x8b":
+        return gzip.open(path, "rt", encoding="utf-8", errors="replace"), head
+    return open(path, encoding="utf-8", errors="replace"), head
 
 
 def get(name: str) -> ModuleType:

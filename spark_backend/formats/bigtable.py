@@ -67,13 +67,13 @@ estimated low watermark: one ``bad`` row naming the file and line with the reaso
 from __future__ import annotations
 
 import base64
-import gzip
 import json
 from collections.abc import Iterator
 from typing import Any
 
 from ..records import bad_row, canonical_json, partition_end
 from ..timestamps import TimestampError, format_ns, parse_ns
+from . import open_text
 
 FORMAT = "bigtable"
 SYSTEM = "bigtable"
@@ -136,18 +136,10 @@ def _ts(msg: Any) -> int:
 # --- the parser --------------------------------------------------------------------------------
 
 
-def _open_text(path: str):
-    with open(path, "rb") as probe:
-        head = probe.read(4)
-    if head[:2] == b"\x1f\x8b":
-        return gzip.open(path, "rt", encoding="utf-8", errors="replace"), head
-    return open(path, encoding="utf-8", errors="replace"), head
-
-
 def parse_file(path: str, options: dict[str, str] | None = None) -> Iterator[dict[str, Any]]:
     options = options or {}
     try:
-        f, head = _open_text(path)
+        f, head = open_text(path)
     except OSError as e:
         yield bad_row(path, None, "", f"cannot read the file ({e})")
         return

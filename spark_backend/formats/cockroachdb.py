@@ -50,7 +50,6 @@ system, an Avro/binary file: one ``bad`` row naming the file and line with the r
 
 from __future__ import annotations
 
-import gzip
 import hashlib
 import json
 import os
@@ -59,6 +58,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from ..records import bad_row, canonical_json
+from . import open_text
 
 FORMAT = "cockroachdb"
 SYSTEM = "cockroachdb"
@@ -102,18 +102,10 @@ def topic_from_filename(path: str) -> str | None:
     return topic or None
 
 
-def _open_text(path: str):
-    with open(path, "rb") as probe:
-        head = probe.read(4)
-    if head[:2] == b"\x1f\x8b":
-        return gzip.open(path, "rt", encoding="utf-8", errors="replace"), head
-    return open(path, encoding="utf-8", errors="replace"), head
-
-
 def parse_file(path: str, options: dict[str, str] | None = None) -> Iterator[dict[str, Any]]:
     options = options or {}
     try:
-        f, head = _open_text(path)
+        f, head = open_text(path)
     except OSError as e:
         yield bad_row(path, None, "", f"cannot read the file ({e})")
         return

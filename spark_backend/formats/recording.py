@@ -9,6 +9,7 @@ from typing import Any
 
 from ..records import RecordError, bad_row, from_change_record
 from ..timestamps import format_ns
+from . import open_text
 
 FORMAT = "recording"
 SYSTEM = "spanner"
@@ -47,7 +48,8 @@ def parse_lines(lines: Iterable[str], origin: str) -> Iterator[dict[str, Any]]:
 
 
 def parse_file(path: str, options: dict[str, str] | None = None) -> Iterator[dict[str, Any]]:
-    with open(path, encoding="utf-8", errors="replace") as f:
+    f, _ = open_text(path)
+    with f:
         yield from parse_lines(f, path)
 
 

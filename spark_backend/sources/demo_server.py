@@ -71,7 +71,7 @@ from google.cloud.spanner_v1.types import result_set as _rs
 from google.cloud.spanner_v1.types import spanner as _sp
 from google.cloud.spanner_v1.types import transaction as _tx
 from google.cloud.spanner_v1.types import type as _ty
-from google.protobuf import empty_pb2, struct_pb2, timestamp_pb2
+from google.protobuf import empty_pb2, struct_pb2
 
 from fixtures.demo_world import QueryError, World, parse_ts
 

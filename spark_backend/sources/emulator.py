@@ -523,7 +523,7 @@ class CommittedTxn:
 def _now() -> dt.datetime:
     # Client clock, not the commit-timestamp sentinel: the emulator (1.5.x) puts the sentinel's
     # placeholder 9999-12-31T23:59:59Z into change stream new_values instead of the commit time.
-    return dt.datetime.now(dt.timezone.utc)
+    return dt.datetime.now(dt.UTC)
 
 
 ACCOUNT_COLS = ["AccountId", "Balance", "LastUpdate"]
@@ -807,7 +807,7 @@ def start_emulator_world(
     proc = EmulatorProcess(binary, churn_seconds, extra_args=extra_args).start()
     try:
         provision(proc.host, project, instance, database, dialect, stream)
-        created = dt.datetime.now(dt.timezone.utc)
+        created = dt.datetime.now(dt.UTC)
     except BaseException:
         proc.stop()
         raise

@@ -63,7 +63,10 @@ class SpannerChangeStreamDataSource(DataSource):
 class SpannerChangeStreamDataSourceReader(DataSourceReader):
     def __init__(self, options: dict):
         from ..sources.spanner import (
-            SpannerTarget, validate_dialect, validate_heartbeat, validate_stream_name,
+            SpannerTarget,
+            validate_dialect,
+            validate_heartbeat,
+            validate_stream_name,
         )
 
         self.project = _require(options, "project")
@@ -85,6 +88,7 @@ class SpannerChangeStreamDataSourceReader(DataSourceReader):
         self.tasks = int(options.get("tasks", "0")) or len(self.parts)
         self.threads = int(options.get("threads", "8"))
         self.follow = options.get("follow_children", "true").lower() == "true"
+        self.progress_dir = options.get("progress_dir") or None
         if self.tasks < 1 or self.threads < 1:
             raise ValueError('Options "tasks" and "threads" must be positive integers.')
         SpannerTarget(self.project, self.instance, self.database, self.dialect, self.host)
@@ -109,8 +113,41 @@ class SpannerChangeStreamDataSourceReader(DataSourceReader):
             self.end_ns, self.heartbeat_ms, threads=self.threads,
             follow_children=self.follow, max_attempts=self.max_attempts,
         )
-        for batch in batched(rows, BATCH_ROWS):
+        counted = _count_progress(rows, self.progress_dir, partition.index)
+        for batch in batched(counted, BATCH_ROWS):
             yield to_arrow_batch(batch)
+
+
+def _count_progress(rows, progress_dir: str | None, index: int):
+    """Pass rows through; about once a second note how far this task is in a small file the
+    driver reads to show live progress (local masters only: a cluster has no shared folder)."""
+    if not progress_dir:
+        yield from rows
+        return
+    import os
+    import time
+
+    path = os.path.join(progress_dir, f"task-{index}.json")
+    records = partitions = 0
+    last = 0.0
+
+    def note():
+        tmp = f"{path}.tmp"
+        with open(tmp, "w") as f:
+            json.dump({"records": records, "partitions": partitions}, f)
+        os.replace(tmp, path)
+
+    for row in rows:
+        if row["kind"] == "partition_end":
+            partitions += 1
+        else:
+            records += 1
+        now = time.monotonic()
+        if now - last > 1.0:
+            note()
+            last = now
+        yield row
+    note()
 
 
 class ChangeFilesDataSource(DataSource):
