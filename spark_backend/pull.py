@@ -244,6 +244,7 @@ def _read_wave(spark, src, request, parts, end_ns, staging: Path,
         "max_attempts": str(request.max_attempts),
         "tasks": str(_task_slots(spark)), "threads": str(request.threads_per_task),
         "progress_dir": "" if remote else str(progress_dir),
+        "coord_dir": "" if remote else str(staging.parent / "coordination"),
         "partitions": json.dumps([{"token": t, "start_ns": s} for t, s in parts]),
     }
     df = spark.read.format("spanner_change_stream").options(**options).load()

@@ -120,3 +120,28 @@ def test_merge_across_tasks_is_left_to_the_next_wave(tmp_path):
     assert cache.con.execute("SELECT count(*) FROM child_partitions_records "
                              "WHERE partition_token IS NOT NULL").fetchone()[0] == 2
     cache.close()
+
+
+def test_merge_across_tasks_handed_over_through_the_coordination_folder(tmp_path):
+    """Parents in two tasks running at the same time: exactly one of them reads the merge
+    child, after both parents finished, from the record's start_timestamp."""
+    coord = str(tmp_path / "coordination")
+    for attempt in range(20):  # different interleavings
+        source = FakeSource()
+        tasks = [_Workflow(source.read, 2, True, coord + str(attempt)),
+                 _Workflow(source.read, 2, True, coord + str(attempt))]
+        roots = [[("child_token_1", T0), ("child_token_2", T0)], [("child_token_3", T0)]]
+        out: list = [None, None]
+
+        def run(i):
+            out[i] = list(tasks[i].rows(roots[i]))
+
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        reads = [q for q in source.queries if q[0] == "child_token_4"]
+        assert len(reads) == 1, f"interleaving {attempt}: read {len(reads)} times"
+        assert reads[0][1] == T_MERGE
+        assert {"child_token_2", "child_token_3"} <= reads[0][2]

@@ -47,7 +47,8 @@ class SpannerChangeStreamDataSource(DataSource):
     end_ns, partitions (JSON list of {"token", "start_ns"}), max_attempts, tasks (how many
     input partitions; default one per change stream partition), threads (partitions a task
     reads at the same time, default 8), follow_children ("true": a task goes on with the
-    children it can read itself)."""
+    children it can read itself), coord_dir (a folder all tasks see, to hand merge children
+    to each other), progress_dir (where tasks note their progress for the driver)."""
 
     @classmethod
     def name(cls) -> str:
@@ -89,6 +90,7 @@ class SpannerChangeStreamDataSourceReader(DataSourceReader):
         self.threads = int(options.get("threads", "8"))
         self.follow = options.get("follow_children", "true").lower() == "true"
         self.progress_dir = options.get("progress_dir") or None
+        self.coord_dir = options.get("coord_dir") or None
         if self.tasks < 1 or self.threads < 1:
             raise ValueError('Options "tasks" and "threads" must be positive integers.')
         SpannerTarget(self.project, self.instance, self.database, self.dialect, self.host)
@@ -112,6 +114,7 @@ class SpannerChangeStreamDataSourceReader(DataSourceReader):
             database, self.dialect, self.stream, [tuple(p) for p in partition.parts],
             self.end_ns, self.heartbeat_ms, threads=self.threads,
             follow_children=self.follow, max_attempts=self.max_attempts,
+            coord_dir=self.coord_dir,
         )
         counted = _count_progress(rows, self.progress_dir, partition.index)
         for batch in batched(counted, BATCH_ROWS):
