@@ -14,6 +14,8 @@ SPARK_MASTER_ENVVAR = "CSI_SPARK_MASTER"
 SPARK_REMOTE_ENVVAR = "SPARK_REMOTE"
 CACHE_ENVVAR = "CSI_CACHE"
 DEFAULT_CACHE = Path.home() / ".cache" / "changestream-inspector" / "cache.duckdb"
+MEMORY_ENVVAR = "CSI_DUCKDB_MEMORY"
+DEFAULT_MEMORY_LIMIT = "1GB"  # DuckDB's cap for the cache; larger work spills to disk
 
 DEFAULT_HEARTBEAT_MS = 10_000
 MIN_HEARTBEAT_MS = 1_000

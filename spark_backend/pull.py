@@ -362,7 +362,8 @@ def run_pull(
             raise
         except Exception as e:  # Spark or the source failed in a way we did not foresee
             result.status = "failed"
-            result.error = f"The pull failed: {describe_error(e)}"
+            first = (str(e).splitlines() or [""])[0]
+            result.error = f"The pull failed: {type(e).__name__}: {first}"
         cache.finish_pull(pull_id, result.status, error=result.error,
                           failed_partition=result.failed_partition, waves=result.waves)
     result.seconds = time.monotonic() - began

@@ -124,3 +124,31 @@ def test_unknown_stream_and_database_are_named(emulator, spark, tmp_path):
     result = run_pull(cache, bad_db)
     assert result.status == "failed" and "nosuchdb" in result.error
     cache.close()
+
+
+def test_emulator_source_starts_everything_itself(spark, tmp_path):
+    """`pull --source emulator`: the emulator is found and started, provisioned, a live workload
+    runs while its partitions are read, and everything is stopped afterwards."""
+    require_emulator()
+    from spark_backend.cli import main
+
+    cache = tmp_path / "live.duckdb"
+    assert main(["pull", "--source", "emulator", "--emulator-seconds", "6",
+                 "--heartbeat-ms", "1000", "--cache", str(cache)]) == 0
+    with Cache(cache) as c:
+        report = analysis.build_report(c.con, "BankStream")
+    assert report["records"]["data_change"] > 10
+    assert report["transactions"]["incomplete"] == []
+    assert len(report["partitions"]) > 2
+    assert any(e["kind"] != "root" for e in report["edges"])
+
+
+def test_missing_emulator_says_how_to_install_it(tmp_path, monkeypatch, capsys):
+    from spark_backend.cli import main
+
+    monkeypatch.setenv("SPANNER_EMULATOR_BINARY", str(tmp_path / "no-emulator"))
+    code = main(["pull", "--source", "emulator", "--cache", str(tmp_path / "c.duckdb")])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert "gcloud components install cloud-spanner-emulator" in err
+    assert "Traceback" not in err

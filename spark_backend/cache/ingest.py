@@ -19,17 +19,20 @@ _KEY = (
 )
 
 
-def _stage(con: duckdb.DuckDBPyConnection, batch: Any) -> None:
+def _stage(con: duckdb.DuckDBPyConnection, batch: Any) -> str:
+    """Make the batch readable as ``_batch``; returns what it is (VIEW or TABLE)."""
     if isinstance(batch, str | Path):
-        con.execute(
-            "CREATE OR REPLACE TEMP TABLE _batch AS SELECT * FROM read_parquet(?)", [str(batch)]
-        )
-        return
+        # A view, not a copy: Parquet is re-read per step instead of held in memory. (A view
+        # cannot take parameters; the path is our own staging folder, quoted.)
+        quoted = str(batch).replace("'", "''")
+        con.execute(f"CREATE OR REPLACE TEMP VIEW _batch AS SELECT * FROM read_parquet('{quoted}')")
+        return "VIEW"
     con.register("_batch_arrow", batch)
     try:
         con.execute("CREATE OR REPLACE TEMP TABLE _batch AS SELECT * FROM _batch_arrow")
     finally:
         con.unregister("_batch_arrow")
+    return "TABLE"
 
 
 def ingest_batch(
@@ -40,7 +43,7 @@ def ingest_batch(
     *,
     count_existing_as_duplicates: bool,
 ) -> IngestStats:
-    _stage(con, batch)
+    staged = _stage(con, batch)
     stats = IngestStats()
     stats.data_change, dup_dc = _data_change(con, stream, pull_id, count_existing_as_duplicates)
     stats.heartbeats, dup_hb = _heartbeats(con, stream, pull_id, count_existing_as_duplicates)
@@ -50,7 +53,8 @@ def ingest_batch(
     _finished_by_children(con, stream)
     stats.partitions_ended = _partition_ends(con, stream, pull_id)
     stats.bad = _quarantine(con, stream, pull_id)
-    for name in ("_batch", "_dc", "_hb", "_cp", "_new_marks"):
+    con.execute(f"DROP {staged} IF EXISTS _batch")
+    for name in ("_dc", "_hb", "_cp", "_new_marks"):
         con.execute(f"DROP TABLE IF EXISTS {name}")
     return stats
 

@@ -6,6 +6,7 @@ Thread safety: one ``Cache`` per thread (DuckDB connections are not shared acros
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -15,6 +16,7 @@ from typing import Any
 
 import duckdb
 
+from ..config import DEFAULT_MEMORY_LIMIT, MEMORY_ENVVAR
 from ..errors import BadInput, CacheError
 from .schema import DDL, SCHEMA_VERSION
 
@@ -28,6 +30,13 @@ def validate_cache_stream_name(name: str) -> str:
             "(starting with a letter or '_', at most 128 characters)"
         )
     return name
+
+
+def _memory_limit() -> str:
+    value = os.environ.get(MEMORY_ENVVAR, DEFAULT_MEMORY_LIMIT)
+    if not re.fullmatch(r"\d+(\.\d+)?\s*(KB|MB|GB|KiB|MiB|GiB)", value, re.IGNORECASE):
+        raise CacheError(f"{MEMORY_ENVVAR}={value!r} is not a size; use e.g. 2GB or 512MB.")
+    return value
 
 
 @dataclass
@@ -64,6 +73,8 @@ class Cache:
         except duckdb.Error as e:
             raise CacheError(f"{self.path} is not a DuckDB cache file ({e}).") from e
         self.read_only = read_only
+        # Bounded memory: big ingests and queries spill to a temp folder beside the file.
+        self.con.execute(f"SET memory_limit = '{_memory_limit()}'")
         if not read_only:
             self._create()
 
