@@ -252,7 +252,8 @@ def _read_wave(spark, src, request, parts, end_ns, staging: Path,
     def run() -> Any:
         if remote:
             return df.toArrow()  # Spark Connect: the cluster cannot write into our folder
-        df.write.mode("overwrite").parquet(str(staging))
+        # Files of at most 100k rows: the cache lands them one by one in bounded memory.
+        df.write.mode("overwrite").option("maxRecordsPerFile", 100_000).parquet(str(staging))
         return str(staging / "*.parquet")
 
     with ThreadPoolExecutor(max_workers=1) as pool:

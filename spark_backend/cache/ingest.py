@@ -35,6 +35,18 @@ def _stage(con: duckdb.DuckDBPyConnection, batch: Any) -> str:
     return "TABLE"
 
 
+def begin_ingest(con: duckdb.DuckDBPyConnection) -> None:
+    """Before the chunks of one ingest: remember what they insert, so that a record repeated
+    in a later chunk still counts as a duplicate delivered by the source."""
+    con.execute("CREATE OR REPLACE TEMP TABLE _ingest_dc (record_key TEXT)")
+    con.execute("CREATE OR REPLACE TEMP TABLE _ingest_hb (partition_token TEXT, ts_ns BIGINT)")
+
+
+def end_ingest(con: duckdb.DuckDBPyConnection) -> None:
+    con.execute("DROP TABLE IF EXISTS _ingest_dc")
+    con.execute("DROP TABLE IF EXISTS _ingest_hb")
+
+
 def ingest_batch(
     con: duckdb.DuckDBPyConnection,
     stream: str,
@@ -63,7 +75,8 @@ def _data_change(con, stream, pull_id, count_existing) -> tuple[int, int]:
     con.execute(
         f"""CREATE OR REPLACE TEMP TABLE _dc AS
         SELECT g.*, EXISTS (SELECT 1 FROM data_change_records d
-                            WHERE d.stream = $stream AND d.record_key = g.record_key) AS known
+                            WHERE d.stream = $stream AND d.record_key = g.record_key) AS known,
+               g.record_key IN (SELECT record_key FROM _ingest_dc) AS here
         FROM (SELECT {_KEY} AS record_key, count(*) AS n,
                first(partition_token) AS partition_token, first(ts_ns) AS ts_ns,
                first(record_sequence) AS record_sequence,
@@ -82,18 +95,20 @@ def _data_change(con, stream, pull_id, count_existing) -> tuple[int, int]:
         FROM _batch WHERE kind = 'data_change' GROUP BY record_key) g""",
         {"stream": stream},
     )
+    counted = "known" if count_existing else "here"
     known_n, new_n, new_dups = con.execute(
-        "SELECT coalesce(sum(n) FILTER (WHERE known), 0), count(*) FILTER (WHERE NOT known), "
+        f"SELECT coalesce(sum(n) FILTER (WHERE {counted}), 0), count(*) FILTER (WHERE NOT known), "
         "coalesce(sum(n - 1) FILTER (WHERE NOT known), 0) FROM _dc"
     ).fetchone()
     duplicates = int(new_dups)
-    if count_existing and known_n:
+    if known_n:
         con.execute(
             "UPDATE data_change_records d SET copies = d.copies + _dc.n FROM _dc "
-            "WHERE _dc.known AND d.stream = ? AND d.record_key = _dc.record_key",
+            f"WHERE _dc.{counted} AND d.stream = ? AND d.record_key = _dc.record_key",
             [stream],
         )
         duplicates += int(known_n)
+    con.execute("INSERT INTO _ingest_dc SELECT record_key FROM _dc WHERE NOT known")
     con.execute(
         """INSERT INTO mods
         SELECT $stream, record_key, CAST(i - 1 AS INTEGER), table_name,
@@ -153,20 +168,24 @@ def _heartbeats(con, stream, pull_id, count_existing) -> tuple[int, int]:
         """CREATE OR REPLACE TEMP TABLE _hb AS
         SELECT g.*, EXISTS (SELECT 1 FROM heartbeats h WHERE h.stream = $stream
                             AND h.partition_token = g.partition_token
-                            AND h.timestamp = make_timestamp_ns(g.ts_ns)) AS known
+                            AND h.timestamp = make_timestamp_ns(g.ts_ns)) AS known,
+               EXISTS (SELECT 1 FROM _ingest_hb i WHERE i.partition_token = g.partition_token
+                       AND i.ts_ns = g.ts_ns) AS here
         FROM (SELECT coalesce(partition_token, '') AS partition_token, ts_ns, count(*) AS n,
                      first(extra) AS extra, min(line) AS line
               FROM _batch WHERE kind = 'heartbeat' GROUP BY ALL) g""",
         {"stream": stream},
     )
+    counted = "known" if count_existing else "here"
     new_n, new_dups, known_n = con.execute(
         "SELECT count(*) FILTER (WHERE NOT known), coalesce(sum(n - 1) FILTER (WHERE NOT known), 0),"
-        " coalesce(sum(n) FILTER (WHERE known), 0) FROM _hb"
+        f" coalesce(sum(n) FILTER (WHERE {counted}), 0) FROM _hb"
     ).fetchone()
     duplicates = int(new_dups)
-    if count_existing and known_n:
+    con.execute("INSERT INTO _ingest_hb SELECT partition_token, ts_ns FROM _hb WHERE NOT known")
+    if known_n:
         con.execute(
-            "UPDATE heartbeats h SET copies = h.copies + _hb.n FROM _hb WHERE _hb.known "
+            f"UPDATE heartbeats h SET copies = h.copies + _hb.n FROM _hb WHERE _hb.{counted} "
             "AND h.stream = ? AND h.partition_token = _hb.partition_token "
             "AND h.timestamp = make_timestamp_ns(_hb.ts_ns)",
             [stream],

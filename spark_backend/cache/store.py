@@ -6,6 +6,7 @@ Thread safety: one ``Cache`` per thread (DuckDB connections are not shared acros
 
 from __future__ import annotations
 
+import glob
 import os
 import re
 from collections.abc import Iterator
@@ -228,13 +229,21 @@ class Cache:
         that resumes a partition re-reads its last timestamp on purpose.
         ``extra_sql`` statements run in the same transaction (e.g. marking a pull's progress).
         """
-        from .ingest import ingest_batch
+        from .ingest import begin_ingest, end_ingest, ingest_batch
 
+        # Parquet output is landed file by file (in the same transaction) to bound memory.
+        chunks = sorted(glob.glob(str(batch))) if isinstance(batch, str | Path) else [batch]
         with self.transaction():
-            stats = ingest_batch(
-                self.con, stream, pull_id, batch,
-                count_existing_as_duplicates=count_existing_as_duplicates,
-            )
+            begin_ingest(self.con)
+            stats = IngestStats()
+            for chunk in chunks:
+                part = ingest_batch(
+                    self.con, stream, pull_id, chunk,
+                    count_existing_as_duplicates=count_existing_as_duplicates,
+                )
+                for name in vars(stats):
+                    setattr(stats, name, getattr(stats, name) + getattr(part, name))
+            end_ingest(self.con)
             for sql, params in extra_sql or []:
                 self.con.execute(sql, params)
             self._bump()

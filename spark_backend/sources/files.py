@@ -96,7 +96,8 @@ def import_files(
         if is_remote(spark):
             batch: Any = df.toArrow()
         else:
-            df.write.mode("overwrite").parquet(str(staging / "rows"))
+            df.write.mode("overwrite").option("maxRecordsPerFile", 100_000).parquet(
+                str(staging / "rows"))
             batch = str(staging / "rows" / "*.parquet")
         pull_id = cache.begin_pull(stream, f"import:{fmt}", None, None, None)
         per_file = _per_file_counts(cache, batch)
