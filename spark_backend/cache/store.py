@@ -62,9 +62,14 @@ class Cache:
         try:
             self.con = duckdb.connect(str(self.path), read_only=read_only)
         except duckdb.IOException as e:
+            first = str(e).splitlines()[0]
+            if "not a valid DuckDB database file" in first:
+                raise CacheError(
+                    f"{self.path} is not a DuckDB cache file; give --cache a new file or a "
+                    "cache made by this tool."
+                ) from e
             raise CacheError(
-                f"Cannot open the cache {self.path}: {str(e).splitlines()[0]} "
-                "(is another process using it?)"
+                f"Cannot open the cache {self.path}: {first} (is another process using it?)"
             ) from e
         except duckdb.ConnectionException as e:
             raise CacheError(

@@ -1,0 +1,87 @@
+"""The DuckDB cache: idempotent ingest, duplicates, chunks of one wave in one transaction."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from spark_backend.cache.store import Cache
+from spark_backend.errors import CacheError
+from spark_backend.records import arrow_schema, from_change_record, to_arrow_batch
+
+
+def _hb(token, ts):
+    return from_change_record({"heartbeat_record": {"timestamp": ts}}, token)
+
+
+def _dc(token, seq="00000000"):
+    return from_change_record({"data_change_record": {
+        "commit_timestamp": "2022-09-27T12:30:00.123456Z", "record_sequence": seq,
+        "server_transaction_id": "tx1", "is_last_record_in_transaction_in_partition": True,
+        "table_name": "T", "column_types": [], "mods": [{"keys": {"k": "1"}, "new_values": {},
+                                                        "old_values": {}}],
+        "mod_type": "INSERT", "value_capture_type": "NEW_ROW",
+        "number_of_records_in_transaction": 1, "number_of_partitions_in_transaction": 1,
+        "transaction_tag": "", "is_system_transaction": False}}, token)
+
+
+def _files(tmp_path, *chunks):
+    folder = tmp_path / "wave"
+    folder.mkdir()
+    for i, rows in enumerate(chunks):
+        pq.write_table(pa.Table.from_batches([to_arrow_batch(rows)], arrow_schema()),
+                       folder / f"part-{i}.parquet")
+    return str(folder / "*.parquet")
+
+
+@pytest.fixture
+def cache(tmp_path):
+    c = Cache(tmp_path / "c.duckdb")
+    c.ensure_stream("s", system="spanner")
+    yield c
+    c.close()
+
+
+def test_a_duplicate_split_across_files_of_one_wave_is_counted(cache, tmp_path):
+    batch = _files(tmp_path, [_dc("p"), _hb("p", "2022-09-27T12:31:00Z")],
+                   [_dc("p"), _dc("p", "00000001")])
+    stats = cache.ingest("s", 1, batch)
+    assert stats.data_change == 2 and stats.duplicates == 1
+    assert cache.con.execute("SELECT sum(copies) FROM data_change_records").fetchone()[0] == 3
+    # Landing the same wave again (a resumed pull re-reading) stores and counts nothing.
+    again = cache.ingest("s", 2, batch)
+    assert (again.data_change, again.duplicates) == (0, 0)
+    assert cache.con.execute("SELECT sum(copies) FROM data_change_records").fetchone()[0] == 3
+    assert cache.con.execute("SELECT count(*) FROM mods").fetchone()[0] == 2
+
+
+def test_a_failing_ingest_leaves_the_cache_as_it_was(cache, tmp_path):
+    cache.ingest("s", 1, pa.Table.from_batches([to_arrow_batch([_dc("p")])]))
+    version = cache.version()
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    good = _files(tmp_path, [_dc("p", "00000009")])
+    (broken / "part-0.parquet").write_bytes(open(good.replace("*", "part-0"), "rb").read())
+    (broken / "part-1.parquet").write_bytes(b"not parquet")
+    with pytest.raises(Exception):
+        cache.ingest("s", 2, str(broken / "*.parquet"))
+    assert cache.con.execute("SELECT count(*) FROM data_change_records").fetchone()[0] == 1
+    assert cache.version() == version
+
+
+def test_stream_names_and_files_are_checked(tmp_path):
+    with pytest.raises(CacheError, match="not a valid stream name"):
+        Cache(tmp_path / "a.duckdb").ensure_stream("bad name;", system="spanner")
+    (tmp_path / "text.duckdb").write_text("hello")
+    with pytest.raises(CacheError, match="not a DuckDB cache file"):
+        Cache(tmp_path / "text.duckdb")
+    c = Cache(tmp_path / "b.duckdb")
+    with pytest.raises(CacheError, match="holds no stream yet"):
+        c.resolve_stream(None)
+
+
+def test_memory_setting_is_validated(tmp_path, monkeypatch):
+    monkeypatch.setenv("CSI_DUCKDB_MEMORY", "lots")
+    with pytest.raises(CacheError, match="is not a size"):
+        Cache(tmp_path / "m.duckdb")
