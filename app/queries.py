@@ -225,22 +225,25 @@ def txn_points(
 
 
 def completeness(con: duckdb.DuckDBPyConnection, stream: str, f: TxnFilter) -> dict[str, int]:
-    """Records seen / expected and partitions seen / expected over the filtered transactions."""
+    """Records seen / expected and partitions seen / expected over the filtered transactions
+    (from the per-transaction summary the cache keeps at ingest)."""
     row = con.execute(
-        f"""
-        WITH t AS (
-          SELECT server_transaction_id, count(*) AS seen,
-                 max(number_of_records_in_transaction) AS expected,
-                 count(DISTINCT partition_token) AS p_seen,
-                 max(number_of_partitions_in_transaction) AS p_expected
-          FROM data_change_records WHERE {_txn_where(f)} GROUP BY ALL)
-        SELECT count(*), coalesce(sum(seen), 0), coalesce(sum(expected), 0),
-               coalesce(sum(p_seen), 0), coalesce(sum(p_expected), 0),
-               count(*) FILTER (WHERE expected IS NOT NULL AND seen = expected),
-               count(*) FILTER (WHERE p_seen > 1)
-        FROM t
+        """
+        SELECT count(*), coalesce(sum(records_seen), 0), coalesce(sum(records_expected), 0),
+               coalesce(sum(len(partitions)), 0), coalesce(sum(partitions_expected), 0),
+               count(*) FILTER (WHERE records_expected IS NOT NULL
+                                AND records_seen = records_expected),
+               count(*) FILTER (WHERE len(partitions) > 1)
+        FROM transactions
+        WHERE stream = $stream
+          AND ($table IS NULL OR list_contains(tables, $table))
+          AND ($tag IS NULL OR transaction_tag = $tag)
+          AND ($mod IS NULL OR list_contains(mod_types, $mod))
+          AND ($start IS NULL OR commit_timestamp >= make_timestamp_ns($start))
+          AND ($end IS NULL OR commit_timestamp <= make_timestamp_ns($end))
         """,
-        _txn_params(stream, f),
+        {"stream": stream, "table": f.table, "tag": f.tag, "mod": f.mod_type,
+         "start": f.start_ns, "end": f.end_ns},
     ).fetchone()
     keys = ("transactions", "records_seen", "records_expected", "partitions_seen",
             "partitions_expected", "complete", "multi_partition")
