@@ -14,6 +14,7 @@ from typing import Any
 import duckdb
 import pandas as pd
 
+from spark_backend.analysis.transactions import TRANSACTION_FILTER, transaction_filter_params
 from spark_backend.cache.schema import TABLE_DOCS
 from spark_backend.formats import recording
 from spark_backend.records import canonical_json
@@ -228,22 +229,13 @@ def completeness(con: duckdb.DuckDBPyConnection, stream: str, f: TxnFilter) -> d
     """Records seen / expected and partitions seen / expected over the filtered transactions
     (from the per-transaction summary the cache keeps at ingest)."""
     row = con.execute(
-        """
-        SELECT count(*), coalesce(sum(records_seen), 0), coalesce(sum(records_expected), 0),
+        """SELECT count(*), coalesce(sum(records_seen), 0), coalesce(sum(records_expected), 0),
                coalesce(sum(len(partitions)), 0), coalesce(sum(partitions_expected), 0),
                count(*) FILTER (WHERE records_expected IS NOT NULL
                                 AND records_seen = records_expected),
                count(*) FILTER (WHERE len(partitions) > 1)
-        FROM transactions
-        WHERE stream = $stream
-          AND ($table IS NULL OR list_contains(tables, $table))
-          AND ($tag IS NULL OR transaction_tag = $tag)
-          AND ($mod IS NULL OR list_contains(mod_types, $mod))
-          AND ($start IS NULL OR commit_timestamp >= make_timestamp_ns($start))
-          AND ($end IS NULL OR commit_timestamp <= make_timestamp_ns($end))
-        """,
-        {"stream": stream, "table": f.table, "tag": f.tag, "mod": f.mod_type,
-         "start": f.start_ns, "end": f.end_ns},
+        FROM transactions WHERE """ + TRANSACTION_FILTER,
+        transaction_filter_params(stream, f.table, f.tag, f.mod_type, f.start_ns, f.end_ns),
     ).fetchone()
     keys = ("transactions", "records_seen", "records_expected", "partitions_seen",
             "partitions_expected", "complete", "multi_partition")

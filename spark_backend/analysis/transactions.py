@@ -10,6 +10,22 @@ import pandas as pd
 
 from ..records import canonical_json
 
+# Which transactions a filter keeps, over the per-transaction summary table (bound values).
+TRANSACTION_FILTER = """stream = $stream
+          AND ($table IS NULL OR list_contains(tables, $table))
+          AND ($tag IS NULL OR transaction_tag = $tag)
+          AND ($mod IS NULL OR list_contains(mod_types, $mod))
+          AND ($start IS NULL OR commit_timestamp >= make_timestamp_ns($start))
+          AND ($end IS NULL OR commit_timestamp <= make_timestamp_ns($end))"""
+
+
+def transaction_filter_params(
+    stream: str, table: str | None = None, tag: str | None = None, mod_type: str | None = None,
+    start_ns: int | None = None, end_ns: int | None = None,
+) -> dict[str, Any]:
+    return {"stream": stream, "table": table, "tag": tag, "mod": mod_type, "start": start_ns,
+            "end": end_ns}
+
 
 def transactions(
     con: duckdb.DuckDBPyConnection,
@@ -31,16 +47,11 @@ def transactions(
                partitions, tables, mod_types, transaction_tag, mods,
                records_expected IS NOT NULL AND records_seen = records_expected AS complete
         FROM transactions
-        WHERE stream = $stream
-          AND ($table IS NULL OR list_contains(tables, $table))
-          AND ($tag IS NULL OR transaction_tag = $tag)
-          AND ($mod IS NULL OR list_contains(mod_types, $mod))
-          AND ($start IS NULL OR commit_timestamp >= make_timestamp_ns($start))
-          AND ($end IS NULL OR commit_timestamp <= make_timestamp_ns($end))
+        WHERE """ + TRANSACTION_FILTER + """
         ORDER BY commit_timestamp, server_transaction_id
         """ + ("LIMIT $limit" if limit else ""),
-        {"stream": stream, "table": table, "tag": tag, "mod": mod_type, "start": start_ns,
-         "end": end_ns, **({"limit": limit} if limit else {})},
+        {**transaction_filter_params(stream, table, tag, mod_type, start_ns, end_ns),
+         **({"limit": limit} if limit else {})},
     ).df()
 
 
