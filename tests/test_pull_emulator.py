@@ -152,3 +152,34 @@ def test_missing_emulator_says_how_to_install_it(tmp_path, monkeypatch, capsys):
     assert code == 1
     assert "gcloud components install cloud-spanner-emulator" in err
     assert "Traceback" not in err
+
+
+def test_beam_metadata_from_the_command_line(tmp_path, monkeypatch, capsys):
+    """`pull --source beam-metadata` on a connector's metadata table in the emulator."""
+    require_emulator()
+    from spark_backend.cli import main
+    from spark_backend.sources import beam_metadata
+    from spark_backend.sources.emulator import EmulatorProcess
+
+    with EmulatorProcess() as proc:
+        beam_metadata.create_sample_metadata_table(
+            emulator_host=proc.host, project="beam-project", instance="beam-instance",
+            database="pipeline-db",
+            table="PipelineMetadata")
+        monkeypatch.setenv(config.EMULATOR_HOST_ENVVAR, proc.host)
+        cache = tmp_path / "beam.duckdb"
+        names = ["--project", "beam-project", "--instance", "beam-instance",
+                 "--database", "pipeline-db"]
+        code = main(["pull", "--source", "beam-metadata", *names, "--table", "PipelineMetadata",
+                     "--cache", str(cache)])
+        out, err = capsys.readouterr()
+        assert code == 0, err
+        assert out.startswith("PipelineMetadata:")
+        bad = main(["pull", "--source", "beam-metadata", *names, "--table", "x; DROP TABLE y",
+                    "--cache", str(cache)])
+        err = capsys.readouterr().err
+        assert bad == 2 and "error:" in err and "Traceback" not in err
+    with Cache(cache) as c:
+        report = analysis.build_report(c.con, "PipelineMetadata")
+    assert report["system"] == "beam" and report["partitions"]
+    assert report["holding_back"] is not None
