@@ -29,7 +29,6 @@ from .errors import BadInput, InspectorError, PullFailed, SourceError
 from .records import to_arrow_batch
 from .sources.spanner import (
     SpannerTarget,
-    describe_error,
     open_database,
     read_partition_rows,
     validate_dialect,
@@ -297,20 +296,12 @@ def _task_slots(spark) -> int:
 
 def _wave_outcome(cache: Cache, batch: Any) -> tuple[int, int, list[tuple[str, str]]]:
     """(record rows, partitions read, [(partition, error)] of those that ended incomplete)."""
-    con = cache.cursor()
-    if isinstance(batch, str):
-        con.read_parquet(batch).create_view("w")
-    else:
-        con.register("w", batch)
-    total = con.execute(
-        "SELECT count(*) FROM w WHERE kind IN ('data_change', 'heartbeat', 'child_partitions')"
-    ).fetchone()[0]
-    failed = con.execute(
-        "SELECT partition_token, extra ->> 'error' FROM w WHERE kind = 'partition_end' "
-        "AND (extra ->> 'state') = 'incomplete' ORDER BY partition_token"
-    ).fetchall()
-    (ended,) = con.execute("SELECT count(*) FROM w WHERE kind = 'partition_end'").fetchone()
-    con.close()
+    total, ended = cache.scan(
+        batch, "SELECT count(*) FILTER (WHERE kind IN ('data_change', 'heartbeat', "
+               "'child_partitions')), count(*) FILTER (WHERE kind = 'partition_end') FROM b")[0]
+    failed = cache.scan(
+        batch, "SELECT partition_token, extra ->> 'error' FROM b WHERE kind = 'partition_end' "
+               "AND (extra ->> 'state') = 'incomplete' ORDER BY partition_token")
     return int(total), int(ended), [(t, e) for t, e in failed]
 
 

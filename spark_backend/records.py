@@ -49,7 +49,6 @@ FIELD_NAMES = [name for name, _ in RECORD_FIELDS]
 SPARK_DDL = ", ".join(
     f"{n} {dict(string='STRING', int64='BIGINT', bool='BOOLEAN')[t]}" for n, t in RECORD_FIELDS
 )
-KINDS = ("data_change", "heartbeat", "child_partitions", "partition_end", "bad")
 
 
 def arrow_schema():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import duckdb
 import pandas as pd
 
-from .dag import partitions, range_end_ns
+from .dag import range_end_ns
 
 
 def low_watermark(
@@ -85,8 +85,3 @@ def watermark_series(
            GROUP BY ALL ORDER BY partition, bucket_ns""",
         {"stream": stream, "b": bucket_ns},
     ).df()
-
-
-def stalled(con: duckdb.DuckDBPyConnection, stream: str, stall_after_s: float) -> pd.DataFrame:
-    df = partitions(con, stream, stall_after_s)
-    return df[df["stalled"]].sort_values("lag_s", ascending=False)

@@ -215,6 +215,18 @@ class Cache:
             raise
         self.con.execute("COMMIT")
 
+    def scan(self, batch: Any, sql: str) -> list[tuple]:
+        """Run ``sql`` over a batch (Arrow, or a Parquet path/glob) exposed as the view ``b``."""
+        con = self.cursor()
+        try:
+            if isinstance(batch, str | Path):
+                con.read_parquet(str(batch)).create_view("b")
+            else:
+                con.register("b", batch)
+            return con.execute(sql).fetchall()
+        finally:
+            con.close()
+
     # --- ingest --------------------------------------------------------------------------
 
     def ingest(

@@ -118,26 +118,14 @@ def import_files(
                         + stats.child_partitions, stats.bad, stats.duplicates, examples)
 
 
-def _scan(cache: Cache, batch: Any, sql: str) -> list[tuple]:
-    con = cache.cursor()
-    try:
-        if isinstance(batch, str):
-            con.read_parquet(batch).create_view("b")
-        else:
-            con.register("b", batch)
-        return con.execute(sql).fetchall()
-    finally:
-        con.close()
-
-
 def _per_file_counts(cache: Cache, batch: Any) -> dict[str, tuple[int, int]]:
-    rows = _scan(cache, batch, "SELECT origin, count(*) FILTER (WHERE kind <> 'bad'), "
+    rows = cache.scan(batch, "SELECT origin, count(*) FILTER (WHERE kind <> 'bad'), "
                                "count(*) FILTER (WHERE kind = 'bad') FROM b GROUP BY origin")
     return {r[0]: (int(r[1]), int(r[2])) for r in rows if r[0] is not None}
 
 
 def _bad_examples(cache: Cache, batch: Any, limit: int = 5) -> list[str]:
-    rows = _scan(cache, batch, "SELECT origin, line, extra ->> 'reason' FROM b WHERE kind = 'bad'"
+    rows = cache.scan(batch, "SELECT origin, line, extra ->> 'reason' FROM b WHERE kind = 'bad'"
                                f" ORDER BY origin, line LIMIT {int(limit)}")
     return [f"{os.path.basename(o or '?')} line {line}: {reason}" if line is not None
             else f"{os.path.basename(o or '?')}: {reason}" for o, line, reason in rows]
