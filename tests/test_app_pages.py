@@ -163,37 +163,7 @@ def test_sql_console_runs_and_refuses(demo_cache):
     assert any("read-only" in e.value for e in at.error)
 
 
-REFUSED = [
-    ("INSERT INTO meta VALUES ('a', 'b')", "read-only"),
-    ("UPDATE partitions SET state = 'x'", "read-only"),
-    ("DELETE FROM heartbeats", "read-only"),
-    ("CREATE TABLE x (a INT)", "read-only"),
-    ("ATTACH '/tmp/other.duckdb' AS o", "read-only"),
-    ("INSTALL httpfs", "read-only"),
-    ("LOAD httpfs", "read-only"),
-    ("COPY partitions TO '/tmp/out.csv'", "read-only"),
-    ("SET threads = 1", "read-only"),
-    ("SELECT * FROM read_csv('/etc/passwd')", "read_csv"),
-    ("SELECT * FROM read_parquet('/tmp/*.parquet')", "read_parquet"),
-    ("SELECT * FROM '/etc/passwd'", "not a table of the cache"),
-    ("DESCRIBE '/etc/passwd'", "not a table of the cache"),
-    ("SELECT * FROM glob('/*')", "glob"),
-    ("SELECT read_text('/etc/passwd')", "read_text"),
-    ("SELECT nextval('pull_ids')", "nextval"),
-    ("SELECT getenv('HOME')", "getenv"),
-    ("SELECT * FROM other.main.partitions", "own tables"),
-    ("SELECT 1; SELECT 2", "one statement"),
-    ("EXPLAIN ANALYZE SELECT 1", "EXPLAIN ANALYZE"),
-]
-
-
-@pytest.mark.parametrize(("sql", "why"), REFUSED)
-def test_sql_console_refusals(demo_cache, sql, why):
-    with Cache(demo_cache) as cache:
-        before = cache.con.execute("SELECT count(*) FROM partitions").fetchone()
-        with pytest.raises(sql_console.Refused, match=why):
-            sql_console.run(cache.cursor(), sql)
-        assert cache.con.execute("SELECT count(*) FROM partitions").fetchone() == before
+# The console's refusals and escapes: tests/test_console.py.
 
 
 def test_sql_console_accepts_plain_queries(demo_cache):

@@ -22,9 +22,8 @@ DDL = [
         range_end TIMESTAMP_NS,
         created_at TIMESTAMP DEFAULT current_timestamp
     )""",
-    "CREATE SEQUENCE IF NOT EXISTS pull_ids START 1",
     """CREATE TABLE IF NOT EXISTS pulls (
-        pull_id BIGINT PRIMARY KEY,
+        pull_id BIGINT PRIMARY KEY,      -- max + 1 (no sequence: it would not survive a crash)
         stream TEXT NOT NULL,
         source TEXT,
         range_start TIMESTAMP_NS,
@@ -33,6 +32,7 @@ DDL = [
         started_at TIMESTAMP,
         finished_at TIMESTAMP,
         status TEXT,                     -- running | complete | failed | nothing-to-do
+                                         -- | interrupted (ended by the user, killed)
         waves INTEGER DEFAULT 0,
         records BIGINT DEFAULT 0,
         error TEXT,

@@ -7,8 +7,11 @@ Thread safety: one ``Cache`` per thread (DuckDB connections are not shared acros
 from __future__ import annotations
 
 import glob
+import json
 import os
 import re
+import shutil
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -40,6 +43,152 @@ def _memory_limit() -> str:
     return value
 
 
+# DuckDB's own guards on every connection to a cache (see ``Cache``).
+LOCKED_DOWN: dict[str, Any] = {
+    "enable_external_access": False,
+    "autoinstall_known_extensions": False,
+    "autoload_known_extensions": False,
+    "python_enable_replacements": False,
+    "lock_configuration": True,
+}
+STAGING_PREFIXES = ("csi-pull-", "csi-import-")
+_OWNER_FILE = ".csi-owner.json"
+_LOCK_WORDS = ("Could not set lock", "Conflicting lock", "lock on file")
+# In this process: pulls between begin_pull and finish_pull, staging folders still in use.
+_ACTIVE_PULLS: dict[str, set[int]] = {}
+_LIVE_STAGING: set[str] = set()
+
+
+def _key(path: Path) -> str:
+    return str(path.resolve())
+
+
+def _check_path(path: Path, read_only: bool) -> None:
+    if path.is_dir():
+        raise CacheError(f"The cache {path} is a folder; give a file path, e.g. "
+                         f"{path / 'cache.duckdb'}.")
+    if path.exists() and not path.is_file():
+        raise CacheError(f"The cache {path} is not a regular file; give a DuckDB file path.")
+    if read_only:
+        if not path.exists():
+            raise CacheError(f"No cache file at {path}; pull or import something first.")
+        return
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise CacheError(f"Cannot create the folder {path.parent} for the cache: "
+                         f"{e.strerror or e}.") from e
+
+
+def _connect(path: Path, read_only: bool) -> duckdb.DuckDBPyConnection:
+    config = {**LOCKED_DOWN, "memory_limit": _memory_limit()}
+    try:
+        return duckdb.connect(str(path), read_only=read_only, config=config)
+    except duckdb.ConnectionException as e:
+        raise CacheError(
+            f"Cannot open the cache {path} again with other settings in this process "
+            f"({str(e).splitlines()[0]}); use the connection that is already open."
+        ) from e
+    except duckdb.Error as e:
+        first = (str(e).splitlines() or [""])[0]
+        if "not a valid DuckDB database file" in first:
+            raise CacheError(
+                f"{path} is not a DuckDB cache file; it was left untouched: give a new file "
+                "or a cache made by this tool."
+            ) from e
+        if any(word in first for word in _LOCK_WORDS):
+            raise CacheError(
+                f"Cannot open the cache {path}: another process holds it ({first}); close "
+                "that process or give another cache file."
+            ) from e
+        raise CacheError(f"Cannot open the cache {path}: {first}") from e
+
+
+def _check_ours(con: duckdb.DuckDBPyConnection, path: Path) -> None:
+    """A DuckDB file with tables but no cache ``meta`` is someone else's: refuse it, untouched."""
+    names = sorted(r[0] for r in con.execute(
+        "SELECT table_name FROM duckdb_tables() WHERE database_name = current_database() "
+        "AND NOT temporary UNION SELECT view_name FROM duckdb_views() "
+        "WHERE database_name = current_database() AND NOT internal AND NOT temporary"
+    ).fetchall())
+    if not names:
+        return
+    version = None
+    if "meta" in names:
+        try:
+            row = con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+            version = row[0] if row else None
+        except duckdb.Error:
+            version = None
+    if version is None:
+        shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+        raise CacheError(
+            f"{path} is a DuckDB database but not a cache of this tool (it holds {shown}); it "
+            "was left untouched: give a new file or a cache made by this tool."
+        )
+    if not str(version).isdigit() or int(version) > SCHEMA_VERSION:
+        raise CacheError(
+            f"{path} is a cache of schema version {version}, newer than this tool's "
+            f"({SCHEMA_VERSION}); it was left untouched: update the tool or give another file."
+        )
+
+
+def clean_staging(cache_path: str | Path) -> list[Path]:
+    """Remove the staging folders (``csi-pull-*``, ``csi-import-*``) that killed runs left
+    beside the cache; returns what was removed.
+
+    A folder made by ``Cache.staging_dir`` names its cache and is removed when it is this
+    cache's and not in use in this process. A folder without that note (made by older code)
+    is removed only when no other DuckDB file shares the folder and no pull of this cache is
+    running in this process. Called on every read-write open: another process cannot hold the
+    cache then (DuckDB's lock), so a folder of this cache not in use here is a dead run's.
+    """
+    path = Path(cache_path)
+    me = _key(path)
+    parent = path.parent
+    try:
+        entries = list(parent.iterdir())
+    except OSError:
+        return []
+    others = any(e.is_file() and e.suffix in (".duckdb", ".db") and _key(e) != me
+                 for e in entries)
+    removed = []
+    for entry in entries:
+        if (not entry.name.startswith(STAGING_PREFIXES) or entry.is_symlink()
+                or not entry.is_dir() or str(entry) in _LIVE_STAGING):
+            continue
+        owner = _staging_owner(entry)
+        if owner is not None:
+            if owner != me:
+                continue
+        elif others or _ACTIVE_PULLS.get(me):
+            continue
+        shutil.rmtree(entry, ignore_errors=True)
+        if not entry.exists():
+            removed.append(entry)
+    return removed
+
+
+def _staging_owner(folder: Path) -> str | None:
+    try:
+        return str(json.loads((folder / _OWNER_FILE).read_text(encoding="utf-8"))["cache"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def parquet_dataset(batch: str | Path) -> Any:
+    """Staged Parquet files (a path or glob) as a pyarrow dataset: the cache reads no files
+    itself (external access is off), so staging is read here and handed over as Arrow."""
+    import pyarrow.dataset as ds
+
+    from ..records import arrow_schema
+
+    files = sorted(glob.glob(str(batch)))
+    if not files:
+        return ds.dataset([], schema=arrow_schema())
+    return ds.dataset(files, format="parquet")
+
+
 @dataclass
 class IngestStats:
     data_change: int = 0
@@ -51,38 +200,29 @@ class IngestStats:
 
 
 class Cache:
-    """One DuckDB cache file."""
+    """One DuckDB cache file.
+
+    Every connection to a cache runs with DuckDB's own guards (``LOCKED_DOWN``): no file,
+    network or extension access and a locked configuration. The cache needs none of these
+    (batches arrive as Arrow, Parquet staging is read with pyarrow), and the SQL console then
+    runs on the same instance that the dashboard holds open read-write: DuckDB refuses a
+    second connection to one file with other settings in one process, and another process
+    cannot open a file a writer holds.
+    """
 
     def __init__(self, path: str | Path, read_only: bool = False):
         self.path = Path(path)
-        if not read_only:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-        elif not self.path.exists():
-            raise CacheError(f"No cache file at {self.path}; pull or import something first.")
-        try:
-            self.con = duckdb.connect(str(self.path), read_only=read_only)
-        except duckdb.IOException as e:
-            first = str(e).splitlines()[0]
-            if "not a valid DuckDB database file" in first:
-                raise CacheError(
-                    f"{self.path} is not a DuckDB cache file; give --cache a new file or a "
-                    "cache made by this tool."
-                ) from e
-            raise CacheError(
-                f"Cannot open the cache {self.path}: {first} (is another process using it?)"
-            ) from e
-        except duckdb.ConnectionException as e:
-            raise CacheError(
-                f"Cannot open the cache {self.path} again with other settings in this process "
-                f"({str(e).splitlines()[0]}); use the connection that is already open."
-            ) from e
-        except duckdb.Error as e:
-            raise CacheError(f"{self.path} is not a DuckDB cache file ({e}).") from e
         self.read_only = read_only
-        # Bounded memory: big ingests and queries spill to a temp folder beside the file.
-        self.con.execute(f"SET memory_limit = '{_memory_limit()}'")
+        _check_path(self.path, read_only)
+        self.con = _connect(self.path, read_only)
+        try:
+            _check_ours(self.con, self.path)
+        except BaseException:
+            self.con.close()
+            raise
         if not read_only:
             self._create()
+            self._recover()
 
     def _create(self) -> None:
         for stmt in DDL:
@@ -92,6 +232,34 @@ class Cache:
             "ON CONFLICT DO NOTHING",
             [str(SCHEMA_VERSION)],
         )
+
+    def _recover(self) -> None:
+        """After a crash or SIGKILL: close the dead runs' pulls as ``interrupted`` and remove
+        their staging folders. No other process can hold the cache now (DuckDB's lock), so a
+        pull ``running`` that is not running in this process is dead."""
+        live = sorted(_ACTIVE_PULLS.get(_key(self.path), ()))
+        self.con.execute(
+            "UPDATE pulls SET status = 'interrupted', finished_at = coalesce(finished_at, "
+            "current_timestamp), error = coalesce(error, 'the process ended during the pull "
+            "(killed or crashed); pull again to resume') "
+            "WHERE status = 'running' AND NOT list_contains(?::BIGINT[], pull_id)",
+            [live],
+        )
+        clean_staging(self.path)
+
+    def staging_dir(self, kind: str) -> Path:
+        """A new staging folder beside the cache (``csi-<kind>-*``) that names its cache, so
+        that the next read-write open removes it when a run dies before removing it itself."""
+        folder = Path(tempfile.mkdtemp(prefix=f"csi-{kind}-", dir=self.path.parent))
+        (folder / _OWNER_FILE).write_text(
+            json.dumps({"cache": _key(self.path), "pid": os.getpid()}), encoding="utf-8")
+        _LIVE_STAGING.add(str(folder))
+        return folder
+
+    def release_staging(self, folder: Path) -> None:
+        """Remove a folder made by ``staging_dir``."""
+        shutil.rmtree(folder, ignore_errors=True)
+        _LIVE_STAGING.discard(str(folder))
 
     def close(self) -> None:
         self.con.close()
@@ -117,7 +285,8 @@ class Cache:
         )
 
     def streams(self) -> list[str]:
-        return [r[0] for r in self.con.execute("SELECT stream FROM streams ORDER BY stream").fetchall()]
+        rows = self.con.execute("SELECT stream FROM streams ORDER BY stream").fetchall()
+        return [r[0] for r in rows]
 
     def stream_info(self, stream: str) -> dict[str, Any] | None:
         cur = self.con.execute("SELECT * FROM streams WHERE stream = ?", [stream])
@@ -174,13 +343,23 @@ class Cache:
         self, stream: str, source: str, start_ns: int | None, end_ns: int | None,
         heartbeat_ms: int | None,
     ) -> int:
-        pull_id = self.con.execute("SELECT nextval('pull_ids')").fetchone()[0]
-        self.con.execute(
-            "INSERT INTO pulls (pull_id, stream, source, range_start, range_end, heartbeat_ms, "
-            "started_at, status) VALUES (?, ?, ?, make_timestamp_ns(?), make_timestamp_ns(?), ?, "
-            "current_timestamp, 'running')",
-            [pull_id, stream, source, start_ns, end_ns, heartbeat_ms],
-        )
+        # The next identifier is max + 1 in the same statement, never a DuckDB sequence: after
+        # a crash DuckDB restores a sequence to its checkpointed value while the row written
+        # after it survives, and the next pull would collide with it.
+        for attempt in range(5):
+            try:
+                (pull_id,) = self.con.execute(
+                    "INSERT INTO pulls (pull_id, stream, source, range_start, range_end, "
+                    "heartbeat_ms, started_at, status) SELECT coalesce(max(pull_id), 0) + 1, ?, "
+                    "?, make_timestamp_ns(?), make_timestamp_ns(?), ?, current_timestamp, "
+                    "'running' FROM pulls RETURNING pull_id",
+                    [stream, source, start_ns, end_ns, heartbeat_ms],
+                ).fetchone()
+                break
+            except (duckdb.ConstraintException, duckdb.TransactionException):
+                if attempt == 4:  # another thread of this process took the same id each time
+                    raise
+        _ACTIVE_PULLS.setdefault(_key(self.path), set()).add(int(pull_id))
         return int(pull_id)
 
     def finish_pull(
@@ -204,6 +383,7 @@ class Cache:
                     [pull_id],
                 )
             self._bump()
+        _ACTIVE_PULLS.get(_key(self.path), set()).discard(pull_id)
 
     @contextmanager
     def transaction(self) -> Iterator[None]:
@@ -219,10 +399,7 @@ class Cache:
         """Run ``sql`` over a batch (Arrow, or a Parquet path/glob) exposed as the view ``b``."""
         con = self.cursor()
         try:
-            if isinstance(batch, str | Path):
-                con.read_parquet(str(batch)).create_view("b")
-            else:
-                con.register("b", batch)
+            con.register("b", parquet_dataset(batch) if isinstance(batch, str | Path) else batch)
             return con.execute(sql).fetchall()
         finally:
             con.close()
@@ -255,7 +432,8 @@ class Cache:
             stats = IngestStats()
             for chunk in chunks:
                 part = ingest_batch(
-                    self.con, stream, pull_id, chunk,
+                    self.con, stream, pull_id,
+                    parquet_dataset(chunk) if isinstance(chunk, str) else chunk,
                     count_existing_as_duplicates=count_existing_as_duplicates,
                 )
                 for name in vars(stats):
