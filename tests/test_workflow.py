@@ -8,10 +8,10 @@ import threading
 import pyarrow as pa
 
 from spark_backend.cache.store import Cache
-from spark_backend.pull import _frontier
-from spark_backend.records import from_change_record, partition_end, to_arrow_batch
-from spark_backend.sources.workflow import _Workflow
-from spark_backend.timestamps import parse_ns
+from spark_backend.jobs.pull import _frontier
+from spark_backend.model.records import from_change_record, partition_end, to_arrow_batch
+from spark_backend.model.timestamps import parse_ns
+from spark_backend.spanner.workflow import _Workflow
 
 T0 = parse_ns("2022-05-01T09:00:01Z")
 T_MERGE = parse_ns("2022-05-01T09:30:15Z")

@@ -17,9 +17,9 @@ from typing import Any
 
 import duckdb
 
-from ..config import DEFAULT_MEMORY_LIMIT, MEMORY_ENVVAR
-from ..errors import BadInput, CacheError
-from .schema import DDL, SCHEMA_VERSION
+from spark_backend.cache.schema import DDL, SCHEMA_VERSION
+from spark_backend.model.config import DEFAULT_MEMORY_LIMIT, MEMORY_ENVVAR
+from spark_backend.model.errors import BadInput, CacheError
 
 _STREAM_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]{0,127}$")
 
@@ -117,7 +117,8 @@ class Cache:
         )
 
     def streams(self) -> list[str]:
-        return [r[0] for r in self.con.execute("SELECT stream FROM streams ORDER BY stream").fetchall()]
+        rows = self.con.execute("SELECT stream FROM streams ORDER BY stream").fetchall()
+        return [r[0] for r in rows]
 
     def stream_info(self, stream: str) -> dict[str, Any] | None:
         cur = self.con.execute("SELECT * FROM streams WHERE stream = ?", [stream])
@@ -246,7 +247,7 @@ class Cache:
         that resumes a partition re-reads its last timestamp on purpose.
         ``extra_sql`` statements run in the same transaction (e.g. marking a pull's progress).
         """
-        from .ingest import begin_ingest, end_ingest, ingest_batch
+        from spark_backend.cache.ingest import begin_ingest, end_ingest, ingest_batch
 
         # Parquet output is landed file by file (in the same transaction) to bound memory.
         chunks = sorted(glob.glob(str(batch))) if isinstance(batch, str | Path) else [batch]

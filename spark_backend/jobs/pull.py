@@ -23,21 +23,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import config
-from .cache.store import Cache
-from .errors import BadInput, InspectorError, PullFailed, SourceError
-from .records import to_arrow_batch
-from .sources.spanner import (
-    SpannerTarget,
-    open_database,
+from spark_backend.cache.store import Cache
+from spark_backend.model import config
+from spark_backend.model.enums import Source, values
+from spark_backend.model.errors import BadInput, InspectorError, PullFailed, SourceError
+from spark_backend.model.records import to_arrow_batch
+from spark_backend.model.timestamps import TimestampError, coerce_ns, format_ns, now_ns
+from spark_backend.spanner.connect import SpannerTarget, open_database, validate_dialect
+from spark_backend.spanner.reader import (
     read_partition_rows,
-    validate_dialect,
     validate_heartbeat,
     validate_stream_name,
 )
-from .timestamps import TimestampError, coerce_ns, format_ns, now_ns
 
-SOURCES = ("demo", "emulator", "spanner")
+SOURCES = values(Source)
 
 
 @dataclass
@@ -109,7 +108,8 @@ def _validated(request: PullRequest) -> PullRequest:
                    if not getattr(request, n)]
         if missing:
             flags = ", ".join("--stream" if m == "source_stream" else f"--{m}" for m in missing)
-            raise BadInput(f"The spanner source needs {flags}.", field="stream" if missing[0] == "source_stream" else missing[0])
+            at_fault = "stream" if missing[0] == "source_stream" else missing[0]
+            raise BadInput(f"The spanner source needs {flags}.", field=at_fault)
     for label in ("start", "end"):
         value = getattr(request, label)
         if value is not None:
@@ -134,9 +134,8 @@ def _validated(request: PullRequest) -> PullRequest:
 def _open_source(request: PullRequest) -> Iterator[_Source]:
     """Start what the source needs (demo server, emulator) and stop it afterwards."""
     if request.source == "demo":
-        from fixtures.demo_world import DEMO_STREAM, build_world
-
-        from .sources.demo_server import DemoServer
+        from spark_backend.demo.server import DemoServer
+        from spark_backend.demo.world import DEMO_STREAM, build_world
 
         world = build_world(seed=request.demo_seed, scale=request.demo_scale)
         server = None
@@ -156,7 +155,7 @@ def _open_source(request: PullRequest) -> Iterator[_Source]:
                 server.stop()
         return
     if request.source == "emulator":
-        from .sources import emulator
+        from spark_backend.demo import emulator
 
         try:
             world = emulator.start_emulator_world(dialect=request.dialect, churn_seconds=2)
@@ -229,7 +228,7 @@ def _read_wave(spark, src, request, parts, end_ns, staging: Path,
     The job runs in a helper thread while this thread relays the tasks' progress notes to
     ``on_progress(partitions_done, records)`` (so a UI callback stays on its own thread).
     """
-    from .spark.session import is_remote
+    from spark_backend.spark.session import is_remote
 
     remote = is_remote(spark)
     progress_dir = staging.parent / f"{staging.name}-progress"
@@ -305,6 +304,15 @@ def _wave_outcome(cache: Cache, batch: Any) -> tuple[int, int, list[tuple[str, s
     return int(total), int(ended), [(t, e) for t, e in failed]
 
 
+def start_spark(master: str | None = None, remote: str | None = None) -> Any:
+    """Start the Spark session and its Python workers ahead of a pull (seconds saved later)."""
+    from spark_backend.spark.session import spark_session, warm_up
+
+    spark = spark_session(master, remote)
+    warm_up(spark)
+    return spark
+
+
 def run_pull(
     cache: Cache,
     request: PullRequest,
@@ -314,7 +322,7 @@ def run_pull(
     request = _validated(request)
     report = progress or (lambda p: None)
     began = time.monotonic()
-    from .spark.session import spark_session
+    from spark_backend.spark.session import spark_session
 
     # Start the JVM before any gRPC channel exists: forking next to gRPC threads is fragile.
     spark = spark_session(request.spark_master, request.spark_remote)
