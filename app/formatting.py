@@ -7,7 +7,7 @@ from typing import Any
 
 import pandas as pd
 
-from spark_backend.timestamps import format_duration, format_ns
+from spark_backend.model.timestamps import format_duration, format_ns
 
 
 def is_missing(value: Any) -> bool:

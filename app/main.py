@@ -16,7 +16,7 @@ if str(ROOT) not in sys.path:  # `streamlit run app/main.py` puts app/ first, no
 import streamlit as st  # noqa: E402
 
 from app import nav, pulling, resources, state, widgets  # noqa: E402
-from spark_backend.errors import InspectorError  # noqa: E402
+from spark_backend.model.errors import InspectorError  # noqa: E402
 
 
 def _open(path: str) -> str | None:
