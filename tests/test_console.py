@@ -14,12 +14,10 @@ from pathlib import Path
 import duckdb
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
-from conftest_app import land_world
-
 from app import sql_console
-from fixtures.demo_world import build_world
 from spark_backend.cache.store import Cache
+from spark_backend.demo.world import build_world
+from tests.support.demo_cache import land_world
 
 ROOT = Path(__file__).resolve().parent.parent
 SECRET = "s3cr3t-do-not-read"

@@ -181,7 +181,7 @@ def parquet_dataset(batch: str | Path) -> Any:
     itself (external access is off), so staging is read here and handed over as Arrow."""
     import pyarrow.dataset as ds
 
-    from ..records import arrow_schema
+    from spark_backend.model.records import arrow_schema
 
     files = sorted(glob.glob(str(batch)))
     if not files:
