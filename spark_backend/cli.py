@@ -1,7 +1,10 @@
 """The command line: ``python -m spark_backend pull|import|export|report|history``.
 
 Every failure is one line on stderr and a non-zero exit (2: bad input, 1: the source or the
-pull failed, 3: `report --fail-on-stall` found a stalled partition); never a traceback.
+pull failed, 3: `report --fail-on-stall` found a stalled partition); never a traceback. Every
+value is checked before anything starts (Spark, servers, emulators, the cache file).
+Progress is one updating line on a terminal's stderr, plain lines on stdout otherwise, so that
+stderr holds errors only.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ import os
 import sys
 from typing import Any
 
-from spark_backend.model import config
+from spark_backend.model import checks, config
 from spark_backend.model.errors import BadInput, InspectorError
 
 EXIT_FAILED, EXIT_BAD_INPUT, EXIT_STALLED = 1, 2, 3
@@ -107,29 +110,165 @@ class _Progress:
             text = str(p)
         if self.tty:
             sys.stderr.write("\r\033[K" + text)
+            sys.stderr.flush()
         else:
-            sys.stderr.write(text + "\n")
-        sys.stderr.flush()
+            print(text, flush=True)
 
     def done(self) -> None:
         if self.tty:
-            sys.stderr.write("\n")
+            sys.stderr.write("\r\033[K")
+            sys.stderr.flush()
+
+
+def _check_cache_path(path: str, must_exist: bool = False) -> None:
+    if not path.strip():
+        raise BadInput("--cache is empty; give a DuckDB file path.", field="cache")
+    if os.path.isdir(path):
+        raise BadInput(f"--cache {path} is a folder; give a file path, e.g. "
+                       f"{os.path.join(path, 'cache.duckdb')}.", field="cache")
+    if os.path.exists(path) and not os.path.isfile(path):
+        raise BadInput(f"--cache {path} is not a regular file; give a DuckDB file path.",
+                       field="cache")
+    if must_exist and not os.path.exists(path):
+        raise BadInput(f"No cache file at {path}; pull or import a stream first.", field="cache")
 
 
 def _open_cache(path: str, must_exist: bool = False):
     from spark_backend.cache.store import Cache
 
-    if must_exist and not os.path.exists(path):
-        raise BadInput(f"No cache file at {path}; pull or import a stream first.")
+    _check_cache_path(path, must_exist)
     return Cache(path)
 
 
-def cmd_pull(args) -> int:
-    if args.source == "beam-metadata":
-        return _pull_beam(args)
-    from spark_backend.jobs.pull import PullRequest, run_pull
+# Options each format reads (``--table`` is accepted by every format).
+FORMAT_OPTIONS = {
+    "recording": {"table"},
+    "datastream": {"keys", "table"},
+    "cockroachdb": {"partition", "primary_key", "keys", "envelope", "table"},
+    "bigtable": {"partition", "table"},
+}
 
-    request = PullRequest(
+
+def _check_stream_arg(value: str | None, label: str) -> None:
+    if value is not None:
+        checks.cache_stream_name(value, label)
+
+
+def check_args(args) -> None:
+    """Every value of the command, before anything starts; BadInput names the first wrong one."""
+    if args.command == "pull":
+        _check_pull(args)
+    elif args.command == "import":
+        _check_import(args)
+    elif args.command == "export":
+        _check_stream_arg(args.stream, "--stream")
+        _check_out(args.out)
+    elif args.command == "report":
+        _check_stream_arg(args.stream, "--stream")
+        checks.number(args.stall_after, "--stall-after", *checks.STALL_AFTER_S, "seconds")
+    elif args.command == "history":
+        _check_stream_arg(args.stream, "--stream")
+        if not args.table.strip():
+            raise BadInput("--table is empty; give a table name of the stream.", field="table")
+        if args.key is not None:
+            _check_key(args.key)
+    _check_cache_path(args.cache, must_exist=args.command in ("export", "report", "history"))
+
+
+def _check_pull(args) -> None:
+    from spark_backend.spanner.connect import SpannerTarget
+    from spark_backend.spanner.reader import validate_heartbeat, validate_stream_name
+
+    _check_stream_arg(args.cache_stream, "--as")
+    if args.stream is not None and args.source != "beam-metadata":
+        validate_stream_name(args.stream)
+    validate_heartbeat(args.heartbeat_ms)
+    checks.number(args.demo_scale, "--demo-scale", *checks.DEMO_SCALE)
+    checks.integer(args.demo_seed, "--demo-seed", *checks.DEMO_SEED)
+    checks.number(args.emulator_seconds, "--emulator-seconds", *checks.EMULATOR_SECONDS,
+                  "seconds")
+    checks.spark_master(args.spark_master)
+    checks.spark_remote(args.spark_remote)
+    given = {n: getattr(args, n) for n in ("project", "instance", "database")}
+    if all(given.values()):
+        SpannerTarget(**given)
+    else:
+        for label, value in given.items():
+            if value is not None:  # names each ID on its own
+                SpannerTarget(**{**dict.fromkeys(given, "x"), label: value})
+    if args.source == "beam-metadata":
+        from spark_backend.jobs.beam_metadata import validate_table_name
+
+        if args.table:
+            validate_table_name(args.table)
+    if args.source != "beam-metadata":
+        from spark_backend.jobs.pull import _validated
+
+        _validated(_request(args))  # the pull's own checks (times, source), before Spark
+
+
+def _check_import(args) -> None:
+    from spark_backend import formats
+    from spark_backend.jobs.files import expand_paths
+
+    checks.cache_stream_name(args.stream, "--stream")
+    formats.get(args.format)
+    checks.spark_master(args.spark_master)
+    _options(args)
+    expand_paths(args.paths)
+
+
+def _options(args) -> dict[str, str]:
+    options = {"table": args.table} if args.table else {}
+    accepted = FORMAT_OPTIONS.get(args.format, {"table"})
+    for item in args.option:
+        key, sep, value = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise BadInput(f"--option {item!r} is not KEY=VALUE, e.g. --option primary_key=id.",
+                           field="option")
+        if key not in accepted:
+            raise BadInput(f"--option {key!r} is not an option of the {args.format} format; "
+                           f"accepted: {', '.join(sorted(accepted))}.", field="option")
+        options[key] = value
+    return options
+
+
+def _check_out(out: str) -> None:
+    if not out.strip():
+        raise BadInput("--out is empty; give a file path for the recording.", field="out")
+    if os.path.isdir(out):
+        raise BadInput(f"--out {out} is a folder; give a file path, e.g. "
+                       f"{os.path.join(out, 'recording.jsonl')}.", field="out")
+    if os.path.exists(out) and not os.path.isfile(out):
+        raise BadInput(f"--out {out} is not a regular file; give a file path.", field="out")
+    parent = os.path.dirname(os.path.abspath(out))
+    existing = parent
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        raise BadInput(f"--out {out}: {existing} is not a folder.", field="out")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise BadInput(f"--out {out}: the folder {existing} is not writable.", field="out")
+    if os.path.exists(out) and not os.access(out, os.W_OK):
+        raise BadInput(f"--out {out} exists and is not writable.", field="out")
+
+
+def _check_key(text: str) -> None:
+    try:
+        value = json.loads(text)
+    except ValueError as e:
+        raise BadInput(f"--key {text!r} is not JSON; give an object of key columns, e.g. "
+                       '\'{"AccountId": "Id1"}\'.', field="key") from e
+    if not isinstance(value, dict) or not value:
+        raise BadInput(f"--key {text!r} is not a JSON object of key columns, e.g. "
+                       '\'{"AccountId": "Id1"}\'.', field="key")
+
+
+def _request(args):
+    from spark_backend.jobs.pull import PullRequest
+
+    return PullRequest(
         source=args.source, stream=args.cache_stream, source_stream=args.stream,
         project=args.project, instance=args.instance, database=args.database,
         dialect=args.dialect, start=args.start, end=args.end, heartbeat_ms=args.heartbeat_ms,
@@ -137,6 +276,14 @@ def cmd_pull(args) -> int:
         demo_seed=args.demo_seed, demo_scale=args.demo_scale,
         emulator_seconds=args.emulator_seconds,
     )
+
+
+def cmd_pull(args) -> int:
+    if args.source == "beam-metadata":
+        return _pull_beam(args)
+    from spark_backend.jobs.pull import run_pull
+
+    request = _request(args)
     progress = _Progress()
     with _open_cache(args.cache) as cache:
         result = run_pull(cache, request, progress)
@@ -173,12 +320,7 @@ def _pull_beam(args) -> int:
 def cmd_import(args) -> int:
     from spark_backend.jobs.files import import_files
 
-    options = {"table": args.table} if args.table else {}
-    for item in args.option:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise BadInput(f"--option {item!r} is not KEY=VALUE, e.g. --option primary_key=id.")
-        options[key.strip()] = value
+    options = _options(args)
     progress = _Progress()
     with _open_cache(args.cache) as cache:
         result = import_files(cache, args.stream, args.format, args.paths, options, progress,
@@ -190,7 +332,7 @@ def cmd_import(args) -> int:
           + (f", {result.duplicates} duplicate(s)" if result.duplicates else "")
           + (f"; {result.bad} bad record(s) kept in quarantine" if result.bad else ""))
     for example in result.bad_examples:
-        print(f"  bad: {example}", file=sys.stderr)
+        print(f"  bad: {example}")
     return 0
 
 
@@ -289,6 +431,7 @@ def main(argv: list[str] | None = None) -> int:
     config.quiet_local_client_env()
     args = build_parser().parse_args(argv)
     try:
+        check_args(args)
         return COMMANDS[args.command](args)
     except BadInput as e:
         print(f"error: {e}", file=sys.stderr)

@@ -22,13 +22,109 @@ FORMATS: dict[str, str] = {
 }
 
 
-def open_text(path: str):
-    """(text file, its first 4 bytes): ``.gz`` content is decompressed, bad UTF-8 replaced."""
+# A line longer than this is quarantined without being parsed (its size and hash are kept).
+MAX_LINE_BYTES = 64 * 1024 * 1024
+# Quarantine keeps at most this much of a bad line, with the line's size and SHA-256.
+KEEP_RAW_BYTES = 64 * 1024
+_BOM = b"\xef\xbb\xbf"
+# Lines ``open_text`` set aside, by path, for the file reader to quarantine (see take_problems).
+_PROBLEMS: dict[str, list[dict]] = {}
+
+
+def open_text(path: str) -> tuple[_Lines, bytes]:
+    """(lines of the file as text, its first 4 bytes); ``.gz`` content is decompressed.
+
+    A UTF-8 byte order mark is dropped. A line that is not UTF-8, or longer than
+    ``MAX_LINE_BYTES``, is never altered into text: it reads as an empty line (parsers skip
+    those, so line numbers stay right) and is set aside with its reason, size and hash for the
+    file reader (``take_problems``) to quarantine.
+    """
     with open(path, "rb") as probe:
         head = probe.read(4)
-    if head[:2] == b"\x1f\x8b":
-        return gzip.open(path, "rt", encoding="utf-8", errors="replace"), head
-    return open(path, encoding="utf-8", errors="replace"), head
+    raw = gzip.open(path, "rb") if head[:2] == b"\x1f\x8b" else open(path, "rb")
+    return _Lines(raw, path), head
+
+
+def take_problems(path: str) -> list[dict]:
+    """The bad-line rows ``open_text`` set aside for ``path`` since the last call."""
+    return _PROBLEMS.pop(path, [])
+
+
+def quarantine_raw(raw: str | bytes) -> tuple[str, dict]:
+    """What quarantine keeps of a bad line: at most ``KEEP_RAW_BYTES`` of it, and (when cut)
+    the whole line's size and SHA-256."""
+    import hashlib
+
+    data = raw.encode("utf-8", errors="surrogateescape") if isinstance(raw, str) else raw
+    if len(data) <= KEEP_RAW_BYTES and isinstance(raw, str):
+        return raw, {}
+    kept = data[:KEEP_RAW_BYTES].decode("utf-8", errors="backslashreplace")
+    return kept, {"raw_bytes": len(data), "raw_sha256": hashlib.sha256(data).hexdigest(),
+                  "raw_cut": len(data) > KEEP_RAW_BYTES}
+
+
+class _Lines:
+    """Iterates a binary file as text lines, strictly UTF-8, with bounded line length."""
+
+    def __init__(self, raw, path: str):
+        self.raw = raw
+        self.path = path
+        self.number = 0
+
+    def __enter__(self) -> _Lines:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.raw.close()
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> str:
+        line = self.raw.readline(MAX_LINE_BYTES + 1)
+        if not line:
+            raise StopIteration
+        self.number += 1
+        if self.number == 1 and line.startswith(_BOM):
+            line = line[len(_BOM):]
+        if len(line) > MAX_LINE_BYTES and not line.endswith(b"\n"):
+            self._too_long(line)
+            return ""
+        try:
+            return line.decode("utf-8")
+        except UnicodeDecodeError as e:
+            self._set_aside(line, f"not UTF-8 (byte {e.start + 1} of the line); the line was "
+                                  "kept as it is, not decoded")
+            return ""
+
+    def _too_long(self, head: bytes) -> None:
+        import hashlib
+
+        digest = hashlib.sha256(head)
+        size = len(head)
+        while True:
+            chunk = self.raw.readline(1 << 20)
+            digest.update(chunk)
+            size += len(chunk)
+            if not chunk or chunk.endswith(b"\n"):
+                break
+        kept = head[:KEEP_RAW_BYTES].decode("utf-8", errors="backslashreplace")
+        self._add(kept, f"a line of {size:,} bytes, longer than the {MAX_LINE_BYTES:,} bytes "
+                        "a line may have", raw_bytes=size, raw_sha256=digest.hexdigest(),
+                  raw_cut=True)
+
+    def _set_aside(self, line: bytes, reason: str) -> None:
+        kept, extra = quarantine_raw(line.rstrip(b"\r\n"))
+        self._add(kept, reason, **extra)
+
+    def _add(self, raw: str, reason: str, **extra) -> None:
+        from spark_backend.model.records import bad_row
+
+        _PROBLEMS.setdefault(self.path, []).append(
+            bad_row(self.path, self.number, raw, reason, **extra))
 
 
 def get(name: str) -> ModuleType:

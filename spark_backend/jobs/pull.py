@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from spark_backend.cache.store import Cache
-from spark_backend.model import config
+from spark_backend.model import checks, config
 from spark_backend.model.enums import PartitionState, Source, values
 from spark_backend.model.errors import BadInput, InspectorError, PullFailed, SourceError
 from spark_backend.model.records import to_arrow_batch
@@ -101,6 +101,7 @@ def _validated(request: PullRequest) -> PullRequest:
         )
     validate_dialect(request.dialect)
     validate_heartbeat(request.heartbeat_ms)
+    checks.pull_values(request)  # scales, seconds, names: before Spark or a server starts
     if request.source_stream is not None:
         validate_stream_name(request.source_stream)
     if request.source == "spanner":

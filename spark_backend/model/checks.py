@@ -1,0 +1,86 @@
+"""Checks of user-given values, run before anything starts (Spark, servers, emulators).
+
+Each check returns the value it accepts or raises ``BadInput`` with one sentence naming the
+input, what was wrong and what is accepted.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+from spark_backend.model.errors import BadInput
+
+CACHE_STREAM_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]{0,127}$")
+_SPARK_MASTER = re.compile(
+    r"^(local(\[(\*|[1-9]\d{0,3})(,\s*[1-9]\d{0,2})?\])?|(spark|mesos|k8s)://\S+|yarn)$")
+_SPARK_REMOTE = re.compile(r"^sc://[A-Za-z0-9.\-_\[\]:]+(/;?\S*)?$")
+
+# Bounds of the numbers users give (flags and forms share them).
+DEMO_SCALE = (0.01, 50.0)
+DEMO_SEED = (0, 2**31 - 1)
+EMULATOR_SECONDS = (1.0, 3600.0)
+STALL_AFTER_S = (1.0, 30 * 86400.0)
+
+
+def number(value: Any, label: str, low: float, high: float, unit: str = "",
+           field: str | None = None) -> float:
+    """A finite number in ``[low, high]``."""
+    shown = f"{label} {value!r}"
+    try:
+        x = float(value)
+    except (TypeError, ValueError):
+        x = math.nan
+    if isinstance(value, bool) or not math.isfinite(x) or not low <= x <= high:
+        raise BadInput(f"{shown} is not accepted; use a number from {low:g} to {high:g}"
+                       f"{' ' + unit if unit else ''}.", field=field)
+    return x
+
+
+def integer(value: Any, label: str, low: int, high: int, field: str | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise BadInput(f"{label} {value!r} is not accepted; use a whole number from {low} to "
+                       f"{high}.", field=field)
+    return value
+
+
+def cache_stream_name(name: Any, label: str = "--as") -> str:
+    if not isinstance(name, str) or not CACHE_STREAM_NAME.match(name):
+        raise BadInput(
+            f"{label} {name!r} is not a valid stream name; use letters, digits, '_', '.', '-' "
+            "(starting with a letter or '_', at most 128 characters).", field="stream",
+        )
+    return name
+
+
+def spark_master(value: str | None) -> str | None:
+    if value is not None and not _SPARK_MASTER.match(value):
+        raise BadInput(
+            f"--spark-master {value!r} is not a Spark master; use local[*], local[N], "
+            "spark://HOST:PORT, yarn or k8s://URL.", field="spark_master",
+        )
+    return value
+
+
+def spark_remote(value: str | None) -> str | None:
+    if value is not None and not _SPARK_REMOTE.match(value):
+        raise BadInput(
+            f"--spark-remote {value!r} is not a Spark Connect endpoint; use sc://HOST:PORT.",
+            field="spark_remote",
+        )
+    return value
+
+
+def pull_values(request: Any) -> None:
+    """The numbers and names of a pull request (``jobs.pull.PullRequest``)."""
+    if request.stream is not None:
+        cache_stream_name(request.stream)
+    number(request.demo_scale, "--demo-scale", *DEMO_SCALE, field="demo_scale")
+    integer(request.demo_seed, "--demo-seed", *DEMO_SEED, field="demo_seed")
+    number(request.emulator_seconds, "--emulator-seconds", *EMULATOR_SECONDS, "seconds",
+           field="emulator_seconds")
+    integer(request.max_attempts, "max_attempts", 1, 100, field="max_attempts")
+    integer(request.threads_per_task, "threads_per_task", 1, 256, field="threads_per_task")
+    spark_master(request.spark_master)
+    spark_remote(request.spark_remote)

@@ -1,0 +1,148 @@
+"""SIGKILL at any moment of a pull leaves a cache that the next pull completes exactly, first
+try: during Spark's start, mid-wave, mid-ingest, and while extending a cached range. Each run is
+the real command line (``python -m spark_backend pull --source demo``) on a small demo world,
+checked against the world's ground truth."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from spark_backend.cache.store import Cache
+from spark_backend.demo.world import build_world
+from tests.test_pull_demo import assert_equals_world, cached_records, truth_records
+
+ROOT = Path(__file__).resolve().parent.parent
+SCALE = "0.3"
+STREAM = "DemoStream"
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
+
+
+def _pull(cache: Path, *extra: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "spark_backend", "pull", "--source", "demo", "--demo-scale",
+         SCALE, "--cache", str(cache), *extra],
+        cwd=str(ROOT), env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True,
+    )
+
+
+def _descendants(pid: int) -> list[int]:
+    out, todo = [], [pid]
+    while todo:
+        parent = todo.pop()
+        try:
+            children = Path(f"/proc/{parent}/task/{parent}/children").read_text().split()
+        except OSError:
+            continue
+        out.extend(int(c) for c in children)
+        todo.extend(int(c) for c in children)
+    return out
+
+
+def _has_jvm(pid: int) -> bool:
+    for child in _descendants(pid):
+        try:
+            if b"java" in Path(f"/proc/{child}/cmdline").read_bytes():
+                return True
+        except OSError:
+            pass
+    return False
+
+
+def _staged_wave(cache: Path) -> bool:
+    """A wave's Spark job has finished writing: the driver is landing it now."""
+    return any(cache.parent.glob("csi-pull-*/wave-*/_SUCCESS"))
+
+
+def _kill_when(proc: subprocess.Popen, cache: Path, moment: str) -> None:
+    """Wait for the moment, then SIGKILL the pull and everything it started."""
+    os.set_blocking(proc.stdout.fileno(), False)
+    seen = ""
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        seen += proc.stdout.read() or ""
+        if proc.poll() is not None:
+            pytest.fail(f"the pull ended before the moment {moment!r}: {seen[-500:]} "
+                        f"{proc.stderr.read()[-500:]}")
+        hit = {
+            "spark-start": _has_jvm(proc.pid) and "wave" not in seen,
+            "mid-wave": "reading" in seen and "landed" not in seen,
+            "mid-ingest": _staged_wave(cache),
+        }[moment]
+        if hit:
+            break
+        time.sleep(0.05)
+    else:
+        pytest.fail(f"the moment {moment!r} never came")
+    pids = _descendants(proc.pid)
+    os.killpg(proc.pid, signal.SIGKILL)
+    for pid in pids:  # children that left the process group (the JVM, Python workers)
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    proc.wait(timeout=60)
+    proc.stdout.close()
+    proc.stderr.close()
+    assert proc.returncode == -signal.SIGKILL
+
+
+def _complete(cache: Path, *extra: str) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "spark_backend", "pull", "--source", "demo", "--demo-scale",
+         SCALE, "--cache", str(cache), *extra],
+        cwd=str(ROOT), env=_env(), capture_output=True, text=True, timeout=900,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == "", done.stderr
+
+
+def _check_after(cache: Path, world, killed: int, heartbeats: bool) -> None:
+    with Cache(cache) as c:
+        assert_equals_world(c, STREAM, world, heartbeats=heartbeats)
+        pulls = c.con.execute("SELECT pull_id, status FROM pulls ORDER BY pull_id").fetchall()
+    statuses = [s for _, s in pulls]
+    assert statuses.count("interrupted") == killed, pulls
+    assert statuses[-1] == "complete" and "running" not in statuses, pulls
+    assert [p for p, _ in pulls] == list(range(1, len(pulls) + 1))
+    left = [p.name for p in cache.parent.iterdir() if p.name.startswith("csi-")]
+    assert left == [], left
+
+
+@pytest.fixture(scope="module")
+def world():
+    return build_world(scale=float(SCALE))
+
+
+@pytest.mark.parametrize("moment", ["spark-start", "mid-wave", "mid-ingest"])
+def test_sigkill_then_one_pull_completes_exactly(tmp_path, world, moment):
+    cache = tmp_path / "c.duckdb"
+    _kill_when(_pull(cache), cache, moment)
+    _complete(cache)
+    # A pull killed before it landed anything leaves heartbeats as one pull reads them.
+    _check_after(cache, world, killed=0 if moment == "spark-start" else 1,
+                 heartbeats=moment == "spark-start")
+
+
+def test_sigkill_while_extending_a_range(tmp_path, world):
+    cache = tmp_path / "c.duckdb"
+    mid = world.start + (world.end - world.start) // 2
+    from spark_backend.model.timestamps import format_ns
+
+    _complete(cache, "--end", format_ns(mid))
+    with Cache(cache) as c:
+        first = cached_records(c, STREAM)
+    assert first == truth_records(world, mid)
+    _kill_when(_pull(cache), cache, "mid-wave")
+    _complete(cache)
+    _check_after(cache, world, killed=1, heartbeats=False)
