@@ -331,8 +331,14 @@ def cmd_import(args) -> int:
           + (f", {result.skipped_files} already imported" if result.skipped_files else "")
           + (f", {result.duplicates} duplicate(s)" if result.duplicates else "")
           + (f"; {result.bad} bad record(s) kept in quarantine" if result.bad else ""))
+    for note in result.notes:
+        print(f"  note: {note}")
     for example in result.bad_examples:
         print(f"  bad: {example}")
+    if result.records == 0 and result.bad:
+        first = result.bad_examples[0] if result.bad_examples else "see the quarantine table"
+        raise BadInput(f"No valid record in the file(s); {result.bad} bad record(s) kept in "
+                       f"quarantine (first: {first}).", field="paths")
     return 0
 
 

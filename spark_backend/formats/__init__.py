@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gzip
 import importlib
+import re
 from types import ModuleType
 
 from spark_backend.model.errors import BadInput
@@ -26,6 +27,9 @@ FORMATS: dict[str, str] = {
 MAX_LINE_BYTES = 64 * 1024 * 1024
 # Quarantine keeps at most this much of a bad line, with the line's size and SHA-256.
 KEEP_RAW_BYTES = 64 * 1024
+# JSON nested deeper than this is set aside (Python's parser would fail the whole file).
+MAX_NESTING = 500
+_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
 _BOM = b"\xef\xbb\xbf"
 # Lines ``open_text`` set aside, by path, for the file reader to quarantine (see take_problems).
 _PROBLEMS: dict[str, list[dict]] = {}
@@ -63,6 +67,26 @@ def quarantine_raw(raw: str | bytes) -> tuple[str, dict]:
                   "raw_cut": len(data) > KEEP_RAW_BYTES}
 
 
+def describe_raw(extra: dict) -> str:
+    """The words added to a bad line's reason when its raw text was cut or not decoded."""
+    if not extra.get("raw_sha256"):
+        return ""
+    cut = f"; the first {KEEP_RAW_BYTES // 1024} KiB kept" if extra.get("raw_cut") else ""
+    return f" (line of {extra['raw_bytes']:,} bytes, sha256 {extra['raw_sha256']}{cut})"
+
+
+def _too_deep(line: bytes) -> bool:
+    depth = 0
+    for byte in _STRING.sub(b"", line):
+        if byte in (0x5B, 0x7B):  # [ {
+            depth += 1
+            if depth > MAX_NESTING:
+                return True
+        elif byte in (0x5D, 0x7D):  # ] }
+            depth -= 1
+    return False
+
+
 class _Lines:
     """Iterates a binary file as text lines, strictly UTF-8, with bounded line length."""
 
@@ -93,6 +117,9 @@ class _Lines:
         if len(line) > MAX_LINE_BYTES and not line.endswith(b"\n"):
             self._too_long(line)
             return ""
+        if line.count(b"[") + line.count(b"{") > MAX_NESTING and _too_deep(line):
+            self._set_aside(line, f"JSON nested deeper than {MAX_NESTING} levels")
+            return ""
         try:
             return line.decode("utf-8")
         except UnicodeDecodeError as e:
@@ -112,13 +139,13 @@ class _Lines:
             if not chunk or chunk.endswith(b"\n"):
                 break
         kept = head[:KEEP_RAW_BYTES].decode("utf-8", errors="backslashreplace")
-        self._add(kept, f"a line of {size:,} bytes, longer than the {MAX_LINE_BYTES:,} bytes "
-                        "a line may have", raw_bytes=size, raw_sha256=digest.hexdigest(),
-                  raw_cut=True)
+        extra = {"raw_bytes": size, "raw_sha256": digest.hexdigest(), "raw_cut": True}
+        self._add(kept, f"longer than the {MAX_LINE_BYTES:,} bytes a line may have"
+                        + describe_raw(extra), **extra)
 
     def _set_aside(self, line: bytes, reason: str) -> None:
         kept, extra = quarantine_raw(line.rstrip(b"\r\n"))
-        self._add(kept, reason, **extra)
+        self._add(kept, reason + describe_raw(extra), **extra)
 
     def _add(self, raw: str, reason: str, **extra) -> None:
         from spark_backend.model.records import bad_row

@@ -3,20 +3,20 @@ a cached Spanner stream as a recording."""
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
-import shutil
 import tempfile
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from spark_backend import formats
 from spark_backend.cache.store import Cache
 from spark_backend.formats import recording
-from spark_backend.model.errors import BadInput
+from spark_backend.model.errors import BadInput, InspectorError
 
 
 @dataclass
@@ -28,23 +28,54 @@ class ImportResult:
     bad: int
     duplicates: int
     bad_examples: list[str]
+    notes: list[str] = field(default_factory=list)  # files that gave nothing, and why
+
+
+def scan_paths(paths: Iterable[str]) -> tuple[list[Path], list[tuple[str, str]]]:
+    """(regular files given or under folders given, sorted, hidden ones left out; the other
+    entries with why they are not read). A path that does not exist is BadInput."""
+    files: list[Path] = []
+    other: list[tuple[str, str]] = []
+    for raw in paths:
+        path = Path(raw)
+        if not os.path.lexists(path):
+            raise BadInput(f"{raw} does not exist; give files or folders to import.",
+                           field="paths")
+        if path.is_dir():
+            try:
+                entries = sorted(p for p in path.rglob("*") if not p.name.startswith("."))
+            except OSError as e:
+                other.append((str(path), f"cannot list the folder ({e.strerror or e})"))
+                continue
+            for entry in entries:
+                if entry.is_file():
+                    files.append(entry)
+                elif not entry.is_dir():
+                    other.append((str(entry), _not_regular(entry)))
+        elif path.is_file():
+            files.append(path)
+        else:
+            other.append((str(path), _not_regular(path)))
+    return files, other
+
+
+def _not_regular(path: Path) -> str:
+    if path.is_symlink() and not path.exists():
+        return "a broken symbolic link"
+    return "not a regular file (a device, pipe or socket); only files are imported"
 
 
 def expand_paths(paths: Iterable[str]) -> list[Path]:
-    """Files given, and every file under folders given (sorted), hidden files left out."""
-    out: list[Path] = []
-    for raw in paths:
-        path = Path(raw)
-        if path.is_dir():
-            out.extend(sorted(p for p in path.rglob("*")
-                              if p.is_file() and not p.name.startswith(".")))
-        elif path.is_file():
-            out.append(path)
-        else:
-            raise BadInput(f"{raw} does not exist; give files or folders to import.")
-    if not out:
-        raise BadInput("No files to import in " + ", ".join(map(str, paths)) + ".")
-    return out
+    """The regular files to import; BadInput when there are none."""
+    paths = list(paths)
+    files, other = scan_paths(paths)
+    if not files:
+        if other:
+            where, why = other[0]
+            raise BadInput(f"Nothing to import: {where} is {why}.", field="paths")
+        raise BadInput("No files to import in " + ", ".join(map(str, paths)) + ".",
+                       field="paths")
+    return files
 
 
 def _sha256(path: Path) -> str:
@@ -53,6 +84,37 @@ def _sha256(path: Path) -> str:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+@dataclass
+class _Plan:
+    todo: list[str] = field(default_factory=list)       # files for Spark (resolved paths)
+    hashes: dict[str, str] = field(default_factory=dict)
+    skipped: int = 0                                     # content imported before
+    failed: list[tuple[str, str]] = field(default_factory=list)  # (path, reason): quarantined
+    notes: list[str] = field(default_factory=list)
+
+
+def _plan(files: list[Path], other: list[tuple[str, str]], known: set[str]) -> _Plan:
+    plan = _Plan(failed=list(other))
+    for path in files:
+        try:
+            digest = _sha256(path)
+            empty = path.stat().st_size == 0
+        except OSError as e:
+            plan.failed.append((str(path), f"cannot read the file ({e.strerror or e})"))
+            continue
+        if empty:
+            plan.notes.append(f"{path} is empty; nothing to import from it.")
+            continue
+        if digest in known or digest in plan.hashes.values():
+            plan.skipped += 1
+            continue
+        resolved = str(path.resolve())
+        plan.hashes[resolved] = digest
+        plan.todo.append(resolved)
+    plan.notes.extend(f"{where}: {why}; kept in quarantine." for where, why in plan.failed)
+    return plan
 
 
 def import_files(
@@ -67,31 +129,48 @@ def import_files(
     """Read files of ``fmt`` with Spark (one task per file) into ``stream`` in one transaction.
 
     A file whose content was imported into the stream before is skipped. Bad lines land in the
-    quarantine table and are counted; the valid records still land.
+    quarantine table and are counted; the valid records still land. A file that cannot be read
+    at all (unreadable, not a regular file, failing in any way while read) is one quarantined
+    entry with its reason, and every other file lands. Empty files are reported in ``notes``.
+    An import that fails leaves no stream behind that it created.
     """
     module = formats.get(fmt)
-    files = expand_paths(paths)
+    paths = list(paths)
+    files, other = scan_paths(paths)
+    if not files:
+        expand_paths(paths)  # raises: nothing to import, and why
+    created = cache.stream_info(stream) is None
     cache.ensure_stream(stream, system=module.SYSTEM, source=fmt)
+    try:
+        return _import(cache, stream, fmt, files, other, options, progress, spark_master)
+    except BaseException:
+        if created:
+            _drop_stream(cache, stream)
+        raise
+
+
+def _import(cache, stream, fmt, files, other, options, progress, spark_master) -> ImportResult:
     known = {r[0] for r in cache.con.execute(
         "SELECT sha256 FROM imports WHERE stream = ?", [stream]).fetchall()}
-    todo, hashes, skipped = [], {}, 0
-    for path in files:
-        digest = _sha256(path)
-        if digest in known or digest in hashes.values():
-            skipped += 1
-            continue
-        hashes[str(path.resolve())] = digest
-        todo.append(str(path.resolve()))
-    if not todo:
-        return ImportResult(stream, len(files), skipped, 0, 0, 0, [])
+    plan = _plan(files, other, known)
+    total = len(files) + len(other)
+    if not plan.todo:
+        if plan.failed:
+            pull_id = cache.begin_pull(stream, f"import:{fmt}", None, None, None)
+            with cache.transaction():
+                for sql, params in _quarantine_sql(stream, plan.failed, pull_id):
+                    cache.con.execute(sql, params)
+            cache.finish_pull(pull_id, "complete")
+        return ImportResult(stream, total, plan.skipped, 0, len(plan.failed), 0,
+                            _failed_examples(plan.failed), plan.notes)
     if progress:
-        progress(f"reading {len(todo)} file(s) with Spark")
+        progress(f"reading {len(plan.todo)} file(s) with Spark")
     from spark_backend.spark.session import is_remote, spark_session
 
     spark = spark_session(spark_master)
     df = (spark.read.format("change_files")
-          .options(format=fmt, paths=json.dumps(todo), **(options or {})).load())
-    staging = Path(tempfile.mkdtemp(prefix="csi-import-", dir=cache.path.parent))
+          .options(format=fmt, paths=json.dumps(plan.todo), **(options or {})).load())
+    staging = cache.staging_dir("import")
     try:
         if is_remote(spark):
             batch: Any = df.toArrow()
@@ -100,22 +179,48 @@ def import_files(
                 str(staging / "rows"))
             batch = str(staging / "rows" / "*.parquet")
         pull_id = cache.begin_pull(stream, f"import:{fmt}", None, None, None)
-        per_file = _per_file_counts(cache, batch)
-        extra = [(
-            "INSERT INTO imports (stream, path, sha256, format, records, bad, pull_id) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?)",
-            [stream, p, hashes[p], fmt, per_file.get(p, (0, 0))[0], per_file.get(p, (0, 0))[1],
-             pull_id],
-        ) for p in todo]
-        stats = cache.ingest(stream, pull_id, batch, count_existing_as_duplicates=True,
-                             extra_sql=extra)
-        examples = _bad_examples(cache, batch)
+        try:
+            per_file = _per_file_counts(cache, batch)
+            extra = [(
+                "INSERT INTO imports (stream, path, sha256, format, records, bad, pull_id) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                [stream, p, plan.hashes[p], fmt, per_file.get(p, (0, 0))[0],
+                 per_file.get(p, (0, 0))[1], pull_id],
+            ) for p in plan.todo]
+            extra += _quarantine_sql(stream, plan.failed, pull_id)
+            stats = cache.ingest(stream, pull_id, batch, count_existing_as_duplicates=True,
+                                 extra_sql=extra)
+            examples = _failed_examples(plan.failed) + _bad_examples(cache, batch)
+        except BaseException as e:
+            cache.finish_pull(pull_id, "failed", error=(str(e).splitlines() or [""])[0])
+            raise
         cache.finish_pull(pull_id, "complete")
         _widen_range(cache, stream)
     finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return ImportResult(stream, len(files), skipped, stats.data_change + stats.heartbeats
-                        + stats.child_partitions, stats.bad, stats.duplicates, examples)
+        cache.release_staging(staging)
+    return ImportResult(stream, total, plan.skipped, stats.data_change + stats.heartbeats
+                        + stats.child_partitions, stats.bad + len(plan.failed),
+                        stats.duplicates, examples[:5], plan.notes)
+
+
+def _quarantine_sql(stream: str, failed: list[tuple[str, str]],
+                    pull_id: int) -> list[tuple[str, list[Any]]]:
+    return [("INSERT INTO quarantine (stream, origin, line, reason, raw, pull_id) "
+             "VALUES (?, ?, NULL, ?, '', ?)", [stream, where, why, pull_id])
+            for where, why in failed]
+
+
+def _failed_examples(failed: list[tuple[str, str]]) -> list[str]:
+    return [f"{os.path.basename(where)}: {why}" for where, why in failed]
+
+
+def _drop_stream(cache: Cache, stream: str) -> None:
+    """Undo a stream an import created and could not fill (nothing of it is kept)."""
+    with cache.transaction():
+        for table in ("quarantine", "imports", "pulls", "data_change_records", "mods",
+                      "transactions", "heartbeats", "child_partitions_records", "edges",
+                      "partitions", "streams"):
+            cache.con.execute(f"DELETE FROM {table} WHERE stream = ?", [stream])
 
 
 def _per_file_counts(cache: Cache, batch: Any) -> dict[str, tuple[int, int]]:
@@ -155,43 +260,77 @@ def export_recording(cache: Cache, stream: str, out: str | Path) -> int:
         raise BadInput(f"Only Spanner streams export as recordings; {stream!r} is "
                        f"{info['system'] if info else 'not in the cache'}.")
     out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
+    _check_out(out)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp_name = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".part", dir=out.parent)
+    except OSError as e:
+        raise _write_error(out, e) from e
+    tmp = Path(tmp_name)
     con = cache.cursor()
     written = 0
-    tmp = out.with_suffix(out.suffix + ".part")
-    with open(tmp, "w", encoding="utf-8") as f:
-        cur = con.execute(
-            """
-            SELECT partition_token, epoch_ns(start_timestamp) AS ts, 2 AS k, record_sequence,
-                   NULL AS record_key, child_partitions, copies
-              FROM child_partitions_records WHERE stream = $s
-            UNION ALL
-            SELECT partition_token, epoch_ns(timestamp), 1, NULL, NULL, NULL, copies
-              FROM heartbeats WHERE stream = $s
-            UNION ALL
-            SELECT partition_token, epoch_ns(commit_timestamp), 0, record_sequence, record_key,
-                   NULL, copies
-              FROM data_change_records WHERE stream = $s
-            ORDER BY partition_token NULLS FIRST, ts, k, record_sequence""",
-            {"s": stream},
-        )
-        while chunk := cur.fetchmany(5000):
-            keys = [r[4] for r in chunk if r[2] == 0]
-            details = _data_change_details(cache, stream, keys)
-            for token, ts, kind, seq, key, children, copies in chunk:
-                if kind == 2:
-                    line = recording.child_partitions_line(token, ts, seq, children)
-                elif kind == 1:
-                    line = recording.heartbeat_line(token, ts)
-                else:
-                    row, mods = details[key]
-                    line = recording.data_change_line(row, mods)
-                text = json.dumps(line, ensure_ascii=False, separators=(",", ":"))
-                for _ in range(copies or 1):
-                    f.write(text + "\n")
-                    written += 1
-    con.close()
-    os.replace(tmp, out)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            written = _write_recording(cache, con, stream, f)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, out)
+    except OSError as e:
+        raise _write_error(out, e) from e
+    finally:
+        con.close()
+        tmp.unlink(missing_ok=True)  # a failed or interrupted export leaves nothing behind
+    return written
+
+
+def _check_out(out: Path) -> None:
+    if out.is_dir():
+        raise BadInput(f"{out} is a folder; give a file path for the recording, e.g. "
+                       f"{out / 'recording.jsonl'}.", field="out")
+    if out.exists() and not out.is_file():
+        raise BadInput(f"{out} is not a regular file; give a file path for the recording.",
+                       field="out")
+
+
+def _write_error(out: Path, e: OSError) -> InspectorError:
+    why = e.strerror or str(e)
+    if isinstance(e, PermissionError) or e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return BadInput(f"Cannot write the recording to {out}: {why}; choose a writable "
+                        "place.", field="out")
+    return InspectorError(f"Cannot write the recording to {out}: {why}; nothing was written.")
+
+
+def _write_recording(cache: Cache, con: Any, stream: str, f: Any) -> int:
+    written = 0
+    cur = con.execute(
+        """
+        SELECT partition_token, epoch_ns(start_timestamp) AS ts, 2 AS k, record_sequence,
+               NULL AS record_key, child_partitions, copies
+          FROM child_partitions_records WHERE stream = $s
+        UNION ALL
+        SELECT partition_token, epoch_ns(timestamp), 1, NULL, NULL, NULL, copies
+          FROM heartbeats WHERE stream = $s
+        UNION ALL
+        SELECT partition_token, epoch_ns(commit_timestamp), 0, record_sequence, record_key,
+               NULL, copies
+          FROM data_change_records WHERE stream = $s
+        ORDER BY partition_token NULLS FIRST, ts, k, record_sequence""",
+        {"s": stream},
+    )
+    while chunk := cur.fetchmany(5000):
+        keys = [r[4] for r in chunk if r[2] == 0]
+        details = _data_change_details(cache, stream, keys)
+        for token, ts, kind, seq, key, children, copies in chunk:
+            if kind == 2:
+                line = recording.child_partitions_line(token, ts, seq, children)
+            elif kind == 1:
+                line = recording.heartbeat_line(token, ts)
+            else:
+                row, mods = details[key]
+                line = recording.data_change_line(row, mods)
+            text = json.dumps(line, ensure_ascii=False, separators=(",", ":"))
+            for _ in range(copies or 1):
+                f.write(text + "\n")
+                written += 1
     return written
 
 

@@ -196,8 +196,10 @@ class ChangeFilesDataSourceReader(DataSourceReader):
             kept, extra = formats.quarantine_raw(row["raw"])
             if not extra:
                 return row
+            old = _json.loads(row.get("extra") or "{}")
+            reason = str(old.get("reason", "")) + formats.describe_raw(extra)
             return {**row, "raw": kept,
-                    "extra": canonical_json({**_json.loads(row.get("extra") or "{}"), **extra})}
+                    "extra": canonical_json({**old, **extra, "reason": reason})}
 
         def rows():
             formats.take_problems(path)  # nothing left over from an earlier attempt
