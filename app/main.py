@@ -14,8 +14,22 @@ if str(ROOT) not in sys.path:  # `streamlit run app/main.py` puts app/ first, no
     sys.path.insert(0, str(ROOT))
 
 import streamlit as st  # noqa: E402
+from streamlit import config as st_config  # noqa: E402
 
 from app import nav, pulling, resources, state, widgets  # noqa: E402
+
+# Where the server may listen without being asked: loopback only. The project's
+# .streamlit/config.toml says so, and app/.streamlit/config.toml (a link to it) makes Streamlit
+# read it wherever `streamlit run` is started. Another address counts only when the user set it
+# (a flag, STREAMLIT_SERVER_ADDRESS, or a config file of their own): see README "Serving".
+LOOPBACK = {"localhost", "127.0.0.1", "::1"}
+
+
+def _served_where_asked() -> bool:
+    address = (st_config.get_option("server.address") or "").strip()
+    if address in LOOPBACK:
+        return True
+    return st_config.get_where_defined("server.address") != "<default>"
 from spark_backend.model.errors import InspectorError  # noqa: E402
 
 
@@ -119,6 +133,12 @@ def _sidebar_walkthrough(c: state.Ctx) -> None:
 def main() -> None:
     st.set_page_config(page_title="Change stream inspector", page_icon=":material/account_tree:",
                        layout="wide")
+    if not _served_where_asked():
+        st.error("This server listens on every network interface, which nobody asked for "
+                 "(the project's .streamlit/config.toml was not read); restart it with "
+                 "`--server.address 127.0.0.1`, or see README \"Serving\" to serve on another "
+                 "address on purpose.")
+        st.stop()
     navigation = st.navigation(nav.all_pages())
     st.sidebar.title("Change stream inspector")
     path = _sidebar_cache()

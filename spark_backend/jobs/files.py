@@ -142,11 +142,17 @@ def import_files(
     created = cache.stream_info(stream) is None
     cache.ensure_stream(stream, system=module.SYSTEM, source=fmt)
     try:
-        return _import(cache, stream, fmt, files, other, options, progress, spark_master)
+        result = _import(cache, stream, fmt, files, other, options, progress, spark_master)
     except BaseException:
         if created:
             _drop_stream(cache, stream)
         raise
+    if created and result.records == 0:  # a new stream with nothing in it is not kept
+        _drop_stream(cache, stream)
+        why = (result.bad_examples or result.notes or ["no record in the file(s)"])[0]
+        raise BadInput(f"Nothing imported into {stream}: no valid record ({why}).",
+                       field="paths")
+    return result
 
 
 def _import(cache, stream, fmt, files, other, options, progress, spark_master) -> ImportResult:
