@@ -270,8 +270,9 @@ def export_recording(cache: Cache, stream: str, out: str | Path) -> int:
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp_name = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".part", dir=out.parent)
-    except OSError as e:
-        raise _write_error(out, e) from e
+    except OSError as e:  # the place given cannot hold a file: bad input
+        raise BadInput(f"Cannot write the recording to {out}: {e.strerror or e}; choose a "
+                       "writable place.", field="out") from e
     tmp = Path(tmp_name)
     con = cache.cursor()
     written = 0
