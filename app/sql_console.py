@@ -46,6 +46,7 @@ _FILE_FUNCTION = re.compile(
     r"^(read_.*|.*_scan|glob|sniff_csv|parquet_.*|load_.*|install_.*|http_.*|"
     r"iceberg_.*|delta_.*|sqlite_.*|postgres_.*|mysql_.*)$"
 )
+_MISSING_TABLE = re.compile(r"Table with name (.+?) does not exist")
 _EXTENSION = re.compile(r'(\w+ with name "?[^"]+"?) is not in the catalog, but it exists in '
                         r"the (\w+) extension")
 
@@ -172,6 +173,12 @@ def _explain(e: duckdb.Error, text: str, max_seconds: float) -> Refused:
         return Refused(
             f"The console reads only the cache's own tables; {what} not available here "
             f"(DuckDB: {_strip_kind(first)})."
+        )
+    missing = _MISSING_TABLE.search(first)
+    if missing and re.search(r"[/\\:.~]", missing.group(1)):
+        return Refused(
+            f"The console reads only the cache's own tables; {missing.group(1)!r} is not one of "
+            "them (files, URLs and other databases are not available here)."
         )
     found = _EXTENSION.search(first)
     if found:
