@@ -201,6 +201,11 @@ def _check_pull(args) -> None:
 
         if args.table:
             validate_table_name(args.table)
+    if args.source in ("spanner", "beam-metadata") and not os.environ.get(
+            config.EMULATOR_HOST_ENVVAR):
+        from spark_backend.spanner.connect import check_key_file
+
+        check_key_file()
     if args.source != "beam-metadata":
         from spark_backend.jobs.pull import _validated
 

@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -66,11 +67,11 @@ def _staged_wave(cache: Path) -> bool:
 
 def _kill_when(proc: subprocess.Popen, cache: Path, moment: str) -> None:
     """Wait for the moment, then SIGKILL the pull and everything it started."""
-    os.set_blocking(proc.stdout.fileno(), False)
-    seen = ""
+    lines: list[str] = []
+    threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True).start()
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline:
-        seen += proc.stdout.read() or ""
+        seen = "".join(lines)
         if proc.poll() is not None:
             pytest.fail(f"the pull ended before the moment {moment!r}: {seen[-500:]} "
                         f"{proc.stderr.read()[-500:]}")
@@ -92,7 +93,6 @@ def _kill_when(proc: subprocess.Popen, cache: Path, moment: str) -> None:
         except ProcessLookupError:
             pass
     proc.wait(timeout=60)
-    proc.stdout.close()
     proc.stderr.close()
     assert proc.returncode == -signal.SIGKILL
 

@@ -65,10 +65,7 @@ def make_client(project: str, host: str | None = None) -> Any:
         try:
             return spanner.Client(project=project)
         except Exception as e:  # google.auth.exceptions.DefaultCredentialsError and friends
-            raise SourceError(
-                "No Google Cloud credentials were found; run `gcloud auth application-default "
-                "login` or set GOOGLE_APPLICATION_CREDENTIALS to a service account key file."
-            ) from e
+            raise SourceError(credentials_problem(e)) from e
     config.quiet_local_client_env()
     from google.auth.credentials import AnonymousCredentials
 
@@ -89,6 +86,62 @@ def make_client(project: str, host: str | None = None) -> Any:
                 os.environ.pop(config.EMULATOR_HOST_ENVVAR, None)
             else:
                 os.environ[config.EMULATOR_HOST_ENVVAR] = saved
+
+
+CREDENTIALS_ENVVAR = "GOOGLE_APPLICATION_CREDENTIALS"
+_KEY_TYPES = ("service_account", "authorized_user", "external_account",
+              "external_account_authorized_user", "impersonated_service_account")
+
+
+def credentials_problem(e: BaseException) -> str:
+    """One sentence for credentials the client could not use: the key file named by
+    ``GOOGLE_APPLICATION_CREDENTIALS`` and what is wrong with it, or how to get credentials."""
+    path = os.environ.get(CREDENTIALS_ENVVAR)
+    if not path:
+        return ("No Google Cloud credentials were found; run `gcloud auth application-default "
+                f"login` or set {CREDENTIALS_ENVVAR} to a service account key file.")
+    return (f"{CREDENTIALS_ENVVAR} names {path}, which {_key_file_fault(path, e)}; point it at "
+            "a service account key file (JSON), or unset it to use `gcloud auth "
+            "application-default login`.")
+
+
+def _key_file_fault(path: str, e: BaseException | None) -> str:
+    import json
+    from pathlib import Path
+
+    key = Path(path)
+    if not key.exists():
+        return "does not exist"
+    if key.is_dir():
+        return "is a folder, not a key file"
+    try:
+        data = json.loads(key.read_text(encoding="utf-8"))
+    except OSError as err:
+        return f"cannot be read ({err.strerror or err})"
+    except ValueError:
+        return "is not JSON (a key file is the JSON downloaded for a service account)"
+    if not isinstance(data, dict):
+        return "is not a JSON object"
+    if data.get("type") not in _KEY_TYPES:
+        return (f"has type {data.get('type')!r}; a key file's type is service_account or "
+                "authorized_user")
+    if e is None:
+        return ""
+    cause = next((a for a in reversed(getattr(e, "args", ())) if isinstance(a, Exception)), e)
+    detail = (str(cause).strip().splitlines() or [type(cause).__name__])[0]
+    return f"is not a usable {data['type']} key ({detail})"
+
+
+def check_key_file() -> None:
+    """Before anything starts: the key file ``GOOGLE_APPLICATION_CREDENTIALS`` names, if any,
+    exists and is a key file (BadInput naming it otherwise)."""
+    path = os.environ.get(CREDENTIALS_ENVVAR)
+    if path:
+        fault = _key_file_fault(path, None)
+        if fault:
+            raise BadInput(f"{CREDENTIALS_ENVVAR} names {path}, which {fault}; point it at a "
+                           "service account key file (JSON), or unset it to use `gcloud auth "
+                           "application-default login`.", field="project")
 
 
 def database_dialect_enum(dialect: str) -> Any:
