@@ -164,6 +164,35 @@ def test_command_line(place, template, code, words):
     assert not (place["dir"] / "missing.duckdb").exists()
 
 
+KEY_FILES = {
+    "missing": (None, "does not exist"),
+    "folder": ("DIR", "is a folder"),
+    "notjson": ("not json", "is not JSON"),
+    "badtype": ('{"type": "nonsense"}', "has type 'nonsense'"),
+}
+
+
+@pytest.mark.parametrize("kind", list(KEY_FILES))
+def test_credential_file_is_named_with_what_is_wrong(place, tmp_path, kind):
+    content, words = KEY_FILES[kind]
+    key = tmp_path / "key.json"
+    if content == "DIR":
+        key.mkdir()
+    elif content is not None:
+        key.write_text(content)
+    before = counts(place["cache"])
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "GOOGLE_APPLICATION_CREDENTIALS": str(key)}
+    env.pop("SPANNER_EMULATOR_HOST", None)
+    done = subprocess.run(
+        [sys.executable, "-m", "spark_backend", "pull", "--source", "spanner", "--project", "p",
+         "--instance", "i", "--database", "d", "--stream", "S", "--cache", str(place["cache"])],
+        cwd=str(tmp_path), env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2
+    line = one_error_line(done.stderr)
+    assert str(key) in line and words in line, line
+    assert counts(place["cache"]) == before
+
+
 def test_export_to_an_unwritable_place_leaves_nothing(place, tmp_path):
     locked = Path("/proc/sys/vm")  # not writable, even by root
     done = cli("export", "--out", str(locked / "x.jsonl"), "--cache", str(place["cache"]),

@@ -155,5 +155,32 @@ def open_database(target: SpannerTarget) -> Any:
     """A google-cloud-spanner ``Database`` for the target."""
     client = make_client(target.project, target.host)
     instance = client.instance(target.instance)
-    return instance.database(target.database,
-                             database_dialect=database_dialect_enum(target.dialect))
+    database = instance.database(target.database,
+                                 database_dialect=database_dialect_enum(target.dialect))
+    _ENDPOINTS[target.path] = (target.host or os.environ.get(config.EMULATOR_HOST_ENVVAR)
+                               or CLOUD_ENDPOINT)
+    return database
+
+
+CLOUD_ENDPOINT = "spanner.googleapis.com"
+_ENDPOINTS: dict[str, str] = {}  # database path -> the endpoint it was opened on
+_NO_ANSWER = ("RetryError", "DeadlineExceeded", "ServiceUnavailable")
+
+
+def describe_unreachable(exc: BaseException, database: Any = None) -> str | None:
+    """One sentence when Spanner did not answer in time (what timed out, where, after how
+    long, the last error); None for other errors."""
+    if type(exc).__name__ not in _NO_ANSWER:
+        return None
+    path = getattr(database, "name", None)
+    endpoint = _ENDPOINTS.get(path or "") or os.environ.get(config.EMULATOR_HOST_ENVVAR) \
+        or CLOUD_ENDPOINT
+    text = getattr(exc, "message", None) or str(exc)
+    waited = re.search(r"Timeout of ([\d.]+)s", text)
+    after = f" within {float(waited.group(1)):g} s" if waited else ""
+    last = getattr(exc, "cause", None) or exc
+    detail = getattr(last, "message", None) or str(last)
+    detail = (detail.strip().splitlines() or [type(last).__name__])[0]
+    return (f"Spanner at {endpoint} did not answer the change stream query for "
+            f"{path or 'the database'}{after} (last error: {type(last).__name__}: {detail}); "
+            "check the network, the endpoint and that the instance and database exist.")

@@ -151,8 +151,14 @@ def _is_transient(exc: BaseException) -> bool:
     return type(exc).__name__ in TRANSIENT_ERRORS
 
 
-def describe_error(exc: BaseException, stream: str | None = None, target=None) -> str:
+def describe_error(exc: BaseException, stream: str | None = None, target=None,
+                   database=None) -> str:
     """One sentence for a Spanner error (never a traceback, never credentials)."""
+    from spark_backend.spanner.connect import describe_unreachable
+
+    unreachable = describe_unreachable(exc, database)
+    if unreachable:
+        return unreachable
     name = type(exc).__name__
     message = getattr(exc, "message", None) or str(exc)
     message = message.splitlines()[0] if message else name
@@ -324,7 +330,7 @@ def read_partition_rows(
             if not retryable or attempts >= 3:
                 yield partition_end(
                     token, "incomplete", mark, read_from=start_ns,
-                    error=describe_error(e, stream), attempts=attempts,
+                    error=describe_error(e, stream, database=database), attempts=attempts,
                     retries=stats.get("retries", 0),
                 )
                 return
