@@ -321,6 +321,59 @@ def test_an_import_that_lands_nothing_leaves_no_stream(imported):
         assert c.con.execute("SELECT count(*) FROM quarantine").fetchone()[0] == 0
 
 
+SAMPLES = ROOT / "fixtures" / "samples"
+
+
+def _sample_lines(rel: str) -> list[bytes]:
+    return [line for line in (SAMPLES / rel).read_bytes().splitlines() if line.strip()]
+
+
+# Every format that reads text, straight through ``formats.read_file`` (what the Spark reader
+# runs per file): (format, file bytes, valid rows expected, words of the bad row or None)
+FORMAT_CASES = {
+    "datastream-bom": ("datastream", lambda: b"\xef\xbb\xbf" + b"\n".join(
+        _sample_lines("datastream/mysql_events.jsonl")) + b"\n", 5, None),
+    "datastream-latin1": ("datastream", lambda: _sample_lines(
+        "datastream/mysql_events.jsonl")[0] + b'\n{"uuid": "caf\xe9"}\n', 1, "not UTF-8"),
+    "datastream-deep": ("datastream", lambda: _sample_lines("datastream/mysql_events.jsonl")[0]
+                        + b"\n" + b"[" * 100_000 + b"]" * 100_000 + b"\n"
+                        + _sample_lines("datastream/mysql_events.jsonl")[1] + b"\n", 2,
+                        "nested deeper"),
+    "cockroachdb-bom": ("cockroachdb", lambda: b"\xef\xbb\xbf" + _sample_lines(
+        "cockroachdb/row.ndjson")[0] + b"\n", 1, None),
+    "cockroachdb-truncated-gz": ("cockroachdb", lambda: gzip.compress(b"\n".join(
+        _sample_lines("cockroachdb/row.ndjson") * 400) + b"\n")[:600], None, "EOFError"),
+    "recording-long-line": ("recording", lambda: b"x" * 100_000 + b"\n", 0,
+                            "line of 100,000 bytes"),
+    "recording-directory-error": ("recording", None, 0, "IsADirectoryError"),
+}
+
+
+@pytest.mark.parametrize("case", list(FORMAT_CASES))
+def test_format_reader_keeps_good_lines_and_quarantines_bad_ones(tmp_path, case):
+    from spark_backend import formats
+
+    fmt, build, valid, words = FORMAT_CASES[case]
+    path = tmp_path / "f.jsonl"
+    if build is None:
+        path.mkdir()
+    else:
+        path.write_bytes(build())
+    rows = list(formats.read_file(fmt, str(path), {"table": "t"}))
+    bad = [r for r in rows if r["kind"] == "bad"]
+    good = [r for r in rows if r["kind"] not in ("bad", "partition_end")]
+    if valid is not None:
+        assert len(good) >= valid if fmt == "datastream" else len(good) == valid, rows[:3]
+    else:
+        assert good, "the rows before the failure are kept"
+    if words is None:
+        assert bad == [], bad
+    else:
+        assert len(bad) == 1 and words in json.loads(bad[0]["extra"])["reason"], bad
+        assert len(bad[0]["raw"].encode()) <= 64 * 1024 + 4096
+        assert "\ufffd" not in bad[0]["raw"]
+
+
 # --- dashboard forms and URL parameters --------------------------------------------------------
 
 

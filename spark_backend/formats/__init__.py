@@ -11,6 +11,7 @@ from __future__ import annotations
 import gzip
 import importlib
 import re
+from collections.abc import Iterator
 from types import ModuleType
 
 from spark_backend.model.errors import BadInput
@@ -47,6 +48,11 @@ def open_text(path: str) -> tuple[_Lines, bytes]:
         head = probe.read(4)
     raw = gzip.open(path, "rb") if head[:2] == b"\x1f\x8b" else open(path, "rb")
     return _Lines(raw, path), head
+
+
+def text_lines(binary, path: str) -> _Lines:
+    """``open_text``'s line reading over an already open binary file."""
+    return _Lines(binary, path)
 
 
 def take_problems(path: str) -> list[dict]:
@@ -152,6 +158,48 @@ class _Lines:
 
         _PROBLEMS.setdefault(self.path, []).append(
             bad_row(self.path, self.number, raw, reason, **extra))
+
+
+def read_file(name: str, path: str, options: dict[str, str] | None = None) -> Iterator[dict]:
+    """Every row of one file of format ``name``, never raising.
+
+    Any failure of the file (any exception type: unreadable, a truncated ``.gz``, a parser
+    error) becomes one bad row naming the file and why, after the rows read before it. Lines
+    ``open_text`` set aside (not UTF-8, too long, nested too deep) come as bad rows in their
+    place. A bad row keeps at most ``KEEP_RAW_BYTES`` of its line, with its size and hash.
+    """
+    from spark_backend.model.records import bad_row
+
+    module = get(name)
+    take_problems(path)  # nothing left over from an earlier attempt
+    landed = 0
+    try:
+        for row in module.parse_file(path, dict(options or {})):
+            yield from take_problems(path)
+            yield _capped(row)
+            landed += 1
+        yield from take_problems(path)
+    except Exception as e:  # any failure of one file is that file's alone
+        yield from take_problems(path)
+        detail = (str(e).strip().splitlines() or [""])[0][:500]
+        yield bad_row(path, None, "", (
+            f"cannot read the file past its first {landed:,} row(s): "
+            f"{type(e).__name__}{': ' + detail if detail else ''}"))
+
+
+def _capped(row: dict) -> dict:
+    if row.get("kind") != "bad" or not isinstance(row.get("raw"), str):
+        return row
+    kept, extra = quarantine_raw(row["raw"])
+    if not extra:
+        return row
+    import json
+
+    from spark_backend.model.records import canonical_json
+
+    old = json.loads(row.get("extra") or "{}")
+    reason = str(old.get("reason", "")) + describe_raw(extra)
+    return {**row, "raw": kept, "extra": canonical_json({**old, **extra, "reason": reason})}
 
 
 def get(name: str) -> ModuleType:

@@ -95,7 +95,7 @@ def parse_file(path: str, options: dict[str, str] | None = None) -> Iterator[dic
         if head == AVRO_MAGIC:
             yield from _parse_avro(f, path, options)
             return
-        first = head.lstrip()[:1]
+        first = head.removeprefix(b"\xef\xbb\xbf").lstrip()[:1]  # a BOM is fine
         if first in (b"{", b"") or (not first and not head):
             yield from _parse_json_lines(f, path, options)
             return
@@ -113,8 +113,12 @@ def parse_file(path: str, options: dict[str, str] | None = None) -> Iterator[dic
 
 
 def _parse_json_lines(f, path: str, options: dict[str, str]) -> Iterator[dict[str, Any]]:
-    for number, raw_line in enumerate(f, start=1):
-        text = raw_line.decode("utf-8", errors="replace").strip()
+    from spark_backend.formats import text_lines
+
+    # Strict UTF-8, BOM dropped, long lines bounded: lines that are not text are set aside
+    # (quarantined unaltered by the file reader), never decoded with replacement characters.
+    for number, line in enumerate(text_lines(f, path), start=1):
+        text = line.strip()
         if not text:
             continue
         try:

@@ -179,43 +179,11 @@ class ChangeFilesDataSourceReader(DataSourceReader):
         return [FilePartition(i, p) for i, p in enumerate(self.paths)]
 
     def read(self, partition: FilePartition):
-        """The file's rows. Any failure of the file (any exception type) becomes one bad row
-        naming the file and why; the rows read before it are kept, and other files (other
-        partitions) land. Bad rows keep at most 64 KiB of their line, with its size and hash."""
-        import json as _json
-
+        """The file's rows (``formats.read_file``): any failure of the file becomes one bad
+        row naming it and why; the rows read before it are kept, other files land."""
         from spark_backend import formats
-        from spark_backend.model.records import bad_row, batched, canonical_json, to_arrow_batch
+        from spark_backend.model.records import batched, to_arrow_batch
 
-        module = formats.get(self.format)
-        path = partition.path
-
-        def capped(row: dict) -> dict:
-            if row.get("kind") != "bad" or not isinstance(row.get("raw"), str):
-                return row
-            kept, extra = formats.quarantine_raw(row["raw"])
-            if not extra:
-                return row
-            old = _json.loads(row.get("extra") or "{}")
-            reason = str(old.get("reason", "")) + formats.describe_raw(extra)
-            return {**row, "raw": kept,
-                    "extra": canonical_json({**old, **extra, "reason": reason})}
-
-        def rows():
-            formats.take_problems(path)  # nothing left over from an earlier attempt
-            landed = 0
-            try:
-                for row in module.parse_file(path, dict(self.format_options)):
-                    yield from formats.take_problems(path)
-                    yield capped(row)
-                    landed += 1
-                yield from formats.take_problems(path)
-            except Exception as e:  # any failure of one file is that file's alone
-                yield from formats.take_problems(path)
-                detail = (str(e).strip().splitlines() or [""])[0][:500]
-                yield bad_row(path, None, "", (
-                    f"cannot read the file past its first {landed:,} row(s): "
-                    f"{type(e).__name__}{': ' + detail if detail else ''}"))
-
-        for batch in batched(rows(), BATCH_ROWS):
+        rows = formats.read_file(self.format, partition.path, dict(self.format_options))
+        for batch in batched(rows, BATCH_ROWS):
             yield to_arrow_batch(batch)
