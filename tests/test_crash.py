@@ -146,3 +146,77 @@ def test_sigkill_while_extending_a_range(tmp_path, world):
     _kill_when(_pull(cache), cache, "mid-wave")
     _complete(cache)
     _check_after(cache, world, killed=1, heartbeats=False)
+
+
+# --- the cache's own recovery, on a real process killed with SIGKILL ------------------------
+
+
+def test_pull_ids_and_statuses_after_a_sigkill(tmp_path):
+    cache = tmp_path / "c.duckdb"
+    script = (
+        "import os, signal\n"
+        "from spark_backend.cache.store import Cache\n"
+        f"c = Cache({str(cache)!r})\n"
+        "c.ensure_stream('S', system='spanner')\n"
+        "c.begin_pull('S', 'demo', None, None, None)\n"
+        "c.begin_pull('S', 'demo', None, None, None)\n"
+        "os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], env=_env(), cwd=str(tmp_path))
+    assert done.returncode == -signal.SIGKILL
+    with Cache(cache) as c:
+        rows = c.con.execute("SELECT pull_id, status, error FROM pulls ORDER BY 1").fetchall()
+        assert [(r[0], r[1]) for r in rows] == [(1, "interrupted"), (2, "interrupted")]
+        assert all("killed or crashed" in r[2] for r in rows)
+        assert c.begin_pull("S", "demo", None, None, None) == 3
+        # A pull running in this very process is not closed by another open of the cache.
+        with Cache(cache) as again:
+            assert again.con.execute(
+                "SELECT status FROM pulls WHERE pull_id = 3").fetchone() == ("running",)
+        c.finish_pull(3, "complete")
+
+
+def _staging(parent: Path, name: str, owner: Path | None) -> Path:
+    folder = parent / name
+    (folder / "wave-1").mkdir(parents=True)
+    (folder / "wave-1" / "part-0.parquet").write_bytes(b"x")
+    if owner is not None:
+        (folder / ".csi-owner.json").write_text(f'{{"cache": "{owner.resolve()}", "pid": 1}}')
+    return folder
+
+
+def test_staging_of_dead_runs_is_removed_and_nothing_else(tmp_path):
+    mine, other = tmp_path / "mine.duckdb", tmp_path / "other.duckdb"
+    Cache(other).close()
+    ours = _staging(tmp_path, "csi-pull-ours", mine)
+    theirs = _staging(tmp_path, "csi-pull-theirs", other)
+    unmarked = _staging(tmp_path, "csi-import-unmarked", None)
+    unrelated = _staging(tmp_path, "keep-me", None)
+    with Cache(mine) as c:
+        live = c.staging_dir("pull")
+        assert not ours.exists()
+        assert theirs.exists() and unmarked.exists() and unrelated.exists()
+        with Cache(mine):  # another open in this process keeps the live folder
+            assert live.exists()
+        c.release_staging(live)
+        assert not live.exists()
+    other.unlink()
+    Cache(mine).close()  # alone in the folder now: unmarked folders are this cache's
+    assert not unmarked.exists() and theirs.exists() and unrelated.exists()
+
+
+def test_a_duckdb_file_that_is_not_our_cache_is_refused_untouched(tmp_path):
+    import duckdb
+
+    from spark_backend.model.errors import CacheError
+
+    path = tmp_path / "theirs.duckdb"
+    with duckdb.connect(str(path)) as con:
+        con.execute("CREATE TABLE people AS SELECT 1 AS id")
+    before = path.read_bytes()
+    with pytest.raises(CacheError, match=r"not a cache of this tool .* left untouched"):
+        Cache(path)
+    with pytest.raises(CacheError, match="not a cache of this tool"):
+        Cache(path, read_only=True)
+    assert path.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["theirs.duckdb"]
