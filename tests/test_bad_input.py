@@ -484,3 +484,57 @@ def test_dashboard_import_of_a_missing_path_is_one_error(dash, tmp_path):
     errors = [e.value for e in at.error]
     assert len(errors) == 1 and "does not exist" in errors[0], errors
     assert dash_counts(dash) == before
+
+
+# --- serving ------------------------------------------------------------------------------------
+
+
+def _listening(port: int) -> set[str]:
+    """Local addresses with a socket listening on ``port`` (from /proc/net/tcp and tcp6)."""
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            rows = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            local, state = row.split()[1], row.split()[3]
+            address, hex_port = local.rsplit(":", 1)
+            if state == "0A" and int(hex_port, 16) == port:
+                found.add(address)
+    return found
+
+
+def test_dashboard_listens_on_loopback_wherever_started(tmp_path):
+    """Started from another folder, with a fresh HOME: loopback only, no usage statistics."""
+    import socket
+    import time
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {**os.environ, "HOME": str(home), "PYTHONPATH": str(ROOT),
+           "CSI_CACHE": str(tmp_path / "c.duckdb")}
+    for name in list(env):
+        if name.startswith("STREAMLIT_"):
+            env.pop(name)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "streamlit", "run", MAIN, "--server.port", str(port),
+         "--server.headless", "true"],
+        cwd=str(tmp_path), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not _listening(port) and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.2)
+        addresses = _listening(port)
+        assert addresses, "the dashboard did not start"
+        loopback = {"0100007F", "00000000000000000000000001000000",
+                    "0000000000000000FFFF00000100007F"}
+        assert addresses <= loopback, addresses
+    finally:
+        proc.terminate()
+        out, _ = proc.communicate(timeout=60)
+    assert "Collecting usage statistics" not in out
+    assert not (home / ".streamlit").exists() or not any((home / ".streamlit").iterdir())
