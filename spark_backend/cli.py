@@ -176,51 +176,16 @@ def check_args(args) -> None:
 
 
 def _check_pull(args) -> None:
-    from spark_backend.spanner.connect import SpannerTarget
-    from spark_backend.spanner.reader import validate_heartbeat, validate_stream_name
+    from spark_backend.jobs.checks import check_pull
 
-    _check_stream_arg(args.cache_stream, "--as")
-    if args.stream is not None and args.source != "beam-metadata":
-        validate_stream_name(args.stream)
-    validate_heartbeat(args.heartbeat_ms)
-    checks.number(args.demo_scale, "--demo-scale", *checks.DEMO_SCALE)
-    checks.integer(args.demo_seed, "--demo-seed", *checks.DEMO_SEED)
-    checks.number(args.emulator_seconds, "--emulator-seconds", *checks.EMULATOR_SECONDS,
-                  "seconds")
-    checks.spark_master(args.spark_master)
-    checks.spark_remote(args.spark_remote)
-    given = {n: getattr(args, n) for n in ("project", "instance", "database")}
-    if all(given.values()):
-        SpannerTarget(**given)
-    else:
-        for label, value in given.items():
-            if value is not None:  # names each ID on its own
-                SpannerTarget(**{**dict.fromkeys(given, "x"), label: value})
-    if args.source == "beam-metadata":
-        from spark_backend.jobs.beam_metadata import validate_table_name
-
-        if args.table:
-            validate_table_name(args.table)
-    if args.source in ("spanner", "beam-metadata") and not os.environ.get(
-            config.EMULATOR_HOST_ENVVAR):
-        from spark_backend.spanner.connect import check_key_file
-
-        check_key_file()
-    if args.source != "beam-metadata":
-        from spark_backend.jobs.pull import _validated
-
-        _validated(_request(args))  # the pull's own checks (times, source), before Spark
+    check_pull(_request(args), beam_table=args.table)
 
 
 def _check_import(args) -> None:
-    from spark_backend import formats
-    from spark_backend.jobs.files import expand_paths
+    from spark_backend.jobs.checks import check_import
 
-    checks.cache_stream_name(args.stream, "--stream")
-    formats.get(args.format)
-    checks.spark_master(args.spark_master)
     _options(args)
-    expand_paths(args.paths)
+    check_import(args.stream, args.format, args.paths, args.spark_master)
 
 
 def _options(args) -> dict[str, str]:
