@@ -228,10 +228,10 @@ def _check_key(text: str) -> None:
     try:
         value = json.loads(text)
     except ValueError as e:
-        raise BadInput(f"--key {text!r} is not JSON; give an object of key columns, e.g. "
-                       '\'{"AccountId": "Id1"}\'.', field="key") from e
+        raise BadInput(f"--key {text!r} is not JSON; a key is a JSON object of the key "
+                       'columns, e.g. \'{"AccountId": "Id1"}\'.', field="key") from e
     if not isinstance(value, dict) or not value:
-        raise BadInput(f"--key {text!r} is not a JSON object of key columns, e.g. "
+        raise BadInput(f"--key {text!r}: a key is a JSON object of the key columns, e.g. "
                        '\'{"AccountId": "Id1"}\'.', field="key")
 
 

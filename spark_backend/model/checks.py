@@ -21,7 +21,7 @@ _SPARK_REMOTE = re.compile(r"^sc://[A-Za-z0-9.\-_\[\]:]+(/;?\S*)?$")
 DEMO_SCALE = (0.01, 50.0)
 DEMO_SEED = (0, 2**31 - 1)
 EMULATOR_SECONDS = (1.0, 3600.0)
-STALL_AFTER_S = (1.0, 30 * 86400.0)
+STALL_AFTER_S = (0.001, 30 * 86400.0)
 
 
 def number(value: Any, label: str, low: float, high: float, unit: str = "",
