@@ -132,6 +132,18 @@ DDL = [
         copies INTEGER NOT NULL,
         pull_id BIGINT
     )""",
+    """CREATE TABLE IF NOT EXISTS partition_records (
+        stream TEXT NOT NULL,
+        partition_token TEXT,            -- NULL: returned by the initial query
+        kind TEXT NOT NULL,              -- partition_start | partition_event | partition_end
+        timestamp TIMESTAMP_NS NOT NULL, -- start_timestamp | commit_timestamp | end_timestamp
+        record_sequence TEXT,
+        partition_tokens JSON,           -- partition_start: the partitions to read next
+        move_in JSON,                    -- partition_event: partitions key ranges moved in from
+        move_out JSON,                   -- partition_event: partitions key ranges moved out to
+        copies INTEGER NOT NULL,
+        pull_id BIGINT
+    )""",
     """CREATE TABLE IF NOT EXISTS quarantine (
         stream TEXT,
         origin TEXT,                     -- file path, or partition token
@@ -158,7 +170,10 @@ DDL = [
         SELECT stream, partition_token, timestamp AS ts, 'heartbeat' AS kind FROM heartbeats
         UNION ALL
         SELECT stream, partition_token, start_timestamp AS ts, 'child_partitions' AS kind
-            FROM child_partitions_records WHERE partition_token IS NOT NULL""",
+            FROM child_partitions_records WHERE partition_token IS NOT NULL
+        UNION ALL
+        SELECT stream, partition_token, timestamp AS ts, kind
+            FROM partition_records WHERE partition_token IS NOT NULL""",
     "CREATE INDEX IF NOT EXISTS mods_by_key ON mods (stream, table_name, keys)",
 ]
 
@@ -172,6 +187,8 @@ TABLE_DOCS = {
     "transactions": "one row per server_transaction_id, kept up to date at every ingest",
     "heartbeats": "heartbeat records (and other systems' watermarks)",
     "child_partitions_records": "child partitions records as returned",
+    "partition_records": "MUTABLE_KEY_RANGE streams: partition start, event (key-range moves "
+                         "in and out) and end records as returned",
     "progress_marks": "view: every timestamp a partition vouched for",
     "quarantine": "input that could not be decoded, kept with the reason",
     "imports": "files imported, by content hash (a file imported twice adds nothing)",
