@@ -230,4 +230,13 @@ def with_database_dialect(target: SpannerTarget, database: Any | None = None) ->
     if target.dialect is not None:
         return target
     database = database if database is not None else open_database(target)
-    return dataclasses.replace(target, dialect=ask_dialect(database))
+    try:
+        dialect = ask_dialect(database)
+    except Exception as e:
+        from google.api_core.exceptions import GoogleAPIError
+
+        if not isinstance(e, GoogleAPIError):
+            raise
+        first = (getattr(e, "message", None) or str(e) or type(e).__name__).splitlines()[0]
+        raise SourceError(f"Spanner did not say the dialect of {target.path}: {first}") from e
+    return dataclasses.replace(target, dialect=dialect)
