@@ -210,7 +210,7 @@ def _child_partitions(con, stream, pull_id) -> int:
         FROM _batch b WHERE (kind = 'child_partitions'
           AND NOT EXISTS (SELECT 1 FROM child_partitions_records c WHERE c.stream = $stream
                 AND c.partition_token IS NOT DISTINCT FROM b.partition_token
-                AND c.start_timestamp = make_timestamp_ns(b.ts_ns)
+                AND c.start_timestamp IS NOT DISTINCT FROM make_timestamp_ns(b.ts_ns)
                 AND c.record_sequence IS NOT DISTINCT FROM b.record_sequence))
           -- MUTABLE_KEY_RANGE: partition start records announce partitions the same way
           OR (kind = 'partition_start'

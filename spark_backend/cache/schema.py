@@ -66,7 +66,7 @@ DDL = [
         stream TEXT NOT NULL,
         record_key TEXT NOT NULL,        -- identity: record_id, or partition|commit|txn|sequence
         partition_token TEXT,
-        commit_timestamp TIMESTAMP_NS NOT NULL,
+        commit_timestamp TIMESTAMP_NS,   -- NULL: the source gave no time (never the epoch)
         record_sequence TEXT,
         server_transaction_id TEXT,
         is_last_record_in_transaction_in_partition BOOLEAN,
@@ -126,7 +126,7 @@ DDL = [
     """CREATE TABLE IF NOT EXISTS child_partitions_records (
         stream TEXT NOT NULL,
         partition_token TEXT,            -- NULL: returned by the initial query
-        start_timestamp TIMESTAMP_NS NOT NULL,
+        start_timestamp TIMESTAMP_NS,    -- NULL: the source gave no time (never the epoch)
         record_sequence TEXT,
         child_partitions JSON,
         copies INTEGER NOT NULL,
@@ -175,6 +175,9 @@ DDL = [
         SELECT stream, partition_token, timestamp AS ts, kind
             FROM partition_records WHERE partition_token IS NOT NULL""",
     "CREATE INDEX IF NOT EXISTS mods_by_key ON mods (stream, table_name, keys)",
+    # caches made before records without a time were kept as such (idempotent)
+    "ALTER TABLE data_change_records ALTER COLUMN commit_timestamp DROP NOT NULL",
+    "ALTER TABLE child_partitions_records ALTER COLUMN start_timestamp DROP NOT NULL",
 ]
 
 TABLE_DOCS = {

@@ -189,7 +189,7 @@ def _from_information_schema(database: Any) -> str | None:
             api.delete_session(name=session, metadata=metadata)
         except Exception:  # the session expires on its own
             pass
-    for row in result.rows:
+    for row in type(result).pb(result).rows:  # the raw protobuf rows
         value = (row.values[0].string_value or "").upper()
         if value == "POSTGRESQL":
             return Dialect.POSTGRESQL.value
