@@ -123,7 +123,7 @@ def test_wrapped_envelopes(tmp_path):
     assert mod["new_values"]["current_location"] == "86359 Jeffrey Ranch"
     assert mod["new_values"]["ext"] == {"color": "yellow"} and mod["old_values"] == {}
     assert r["mod_type"] == "INSERT" and r["table_name"] == "vehicles"
-        assert r["ts_ns"] is None  # the sample carries no time: unknown, never 1970
+    assert r["ts_ns"] is None  # the sample carries no time: unknown, never 1970
     assert json.loads(r["extra"])["timestamp"] == "none"
 
     kafka = list(cockroachdb.parse_file(str(SAMPLES / "wrapped_kafka.ndjson"), {}))
