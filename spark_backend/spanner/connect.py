@@ -153,14 +153,16 @@ def dialect_name(dialect: str) -> str:
 
 
 def _from_admin(database: Any) -> str | None:
-    """The admin API's ``Database.database_dialect`` (None when it does not say)."""
+    """The admin API's ``Database.database_dialect`` (None when it does not say: the
+    emulator leaves it unspecified). Asked directly: ``Database.reload()`` would keep the
+    dialect the object was opened with when the answer is unspecified."""
     from google.cloud.spanner_admin_database_v1 import DatabaseDialect
 
-    database.reload()  # GetDatabaseDdl + GetDatabase: sets database_dialect from the answer
-    dialect = database.database_dialect
-    if dialect == DatabaseDialect.POSTGRESQL:
+    api = database._instance._client.database_admin_api
+    answer = api.get_database(name=database.name, retry=RETRY).database_dialect
+    if answer == DatabaseDialect.POSTGRESQL:
         return Dialect.POSTGRESQL.value
-    if dialect == DatabaseDialect.GOOGLE_STANDARD_SQL:
+    if answer == DatabaseDialect.GOOGLE_STANDARD_SQL:
         return Dialect.GOOGLESQL.value
     return None
 
