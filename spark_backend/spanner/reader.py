@@ -432,7 +432,7 @@ def query_partition(
                 stats["mode"] = stream_mode(results.fields)
                 decode = _decoder(results.fields, dialect)
             yield decode(row)
-        if decode is None and results.fields:
+        if decode is None and results.metadata is not None and results.fields:
             stats["mode"] = stream_mode(results.fields)
     finally:
         session.close()
@@ -447,9 +447,11 @@ def read_partition_rows(
     ``dialect`` None: the database's own (asked once per process). Both partition modes: the
     mode comes from the first query's result; in the mutable mode (and until the mode is
     known) the partition is read in windows of at most 30 minutes, and it ends at its
-    partition end record. Never raises for the source's faults: a partition that keeps
-    failing ends with a ``partition_end`` row in state ``incomplete`` naming the error, after
-    every row read. Rows a window or a resumed stream returns twice are yielded once.
+    partition end record. A process that does not know the stream's mode yet learns it from an
+    empty-span query first (``_probe_mode``). Never raises for the source's faults: a
+    partition that keeps failing ends with a ``partition_end`` row in state ``incomplete``
+    naming the error, after every row read. Rows a window or a resumed stream returns twice
+    are yielded once.
     """
     given = dialect
     stats: dict = {}
@@ -461,6 +463,9 @@ def read_partition_rows(
     try:
         dialect = validate_dialect(dialect) if dialect is not None else ask_dialect(database)
         mode = known_mode(database, stream)
+        if mode is None and token is not None:
+            mode = _probe_mode(database, dialect, stream, token, start_ns, heartbeat_ms,
+                               max_attempts, backoff_s, stats)
         while True:
             window_end = (end_ns if mode is PartitionMode.IMMUTABLE
                           else min(end_ns, mark + MUTABLE_WINDOW_NS))
@@ -510,6 +515,22 @@ def read_partition_rows(
     else:
         yield partition_end(token, "open", end_ns, read_from=start_ns, attempts=queries,
                             retries=stats.get("retries", 0))
+
+
+def _probe_mode(database, dialect, stream, token, start_ns, heartbeat_ms, max_attempts,
+                backoff_s, stats) -> PartitionMode | None:
+    """The partition mode from an empty-span query (start = end, valid in both modes), so the
+    real query can span the whole range in the immutable mode (its heartbeats then do not
+    depend on a window). Its rows are not kept: the real query returns them again."""
+    probe: dict = {}
+    for _ in _query_with_mode(database, dialect, stream, token, start_ns, start_ns,
+                              heartbeat_ms, None, max_attempts, backoff_s, probe):
+        pass
+    stats["retries"] = stats.get("retries", 0) + probe.get("retries", 0)
+    mode = probe.get("mode")
+    if mode is not None:
+        _remember_mode(database, stream, mode)
+    return mode
 
 
 def _query_with_mode(database, dialect, stream, token, start_ns, end_ns, heartbeat_ms, mode,
