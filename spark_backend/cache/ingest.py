@@ -56,6 +56,7 @@ def ingest_batch(
     count_existing_as_duplicates: bool,
 ) -> IngestStats:
     staged = _stage(con, batch)
+    _allow_unknown_times(con)
     stats = IngestStats()
     stats.data_change, dup_dc = _data_change(con, stream, pull_id, count_existing_as_duplicates)
     stats.heartbeats, dup_hb = _heartbeats(con, stream, pull_id, count_existing_as_duplicates)
@@ -71,6 +72,26 @@ def ingest_batch(
     for name in ("_dc", "_hb", "_cp", "_new_marks", "_pr"):
         con.execute(f"DROP TABLE IF EXISTS {name}")
     return stats
+
+
+# Columns that hold NULL when the source gives no time (never the epoch); caches made before
+# had them NOT NULL, and are changed the first time such a record arrives (not at every open:
+# an ALTER rewrites the file).
+_UNKNOWN_TIME_COLUMNS = (("data_change_records", "commit_timestamp", "data_change"),
+                         ("child_partitions_records", "start_timestamp", "child_partitions"))
+
+
+def _allow_unknown_times(con: duckdb.DuckDBPyConnection) -> None:
+    for table, column, kind in _UNKNOWN_TIME_COLUMNS:
+        (without_time,) = con.execute(
+            "SELECT count(*) FROM _batch WHERE kind = ? AND ts_ns IS NULL", [kind]).fetchone()
+        if not without_time:
+            continue
+        (nullable,) = con.execute(
+            "SELECT is_nullable FROM information_schema.columns WHERE table_name = ? "
+            "AND column_name = ?", [table, column]).fetchone()
+        if nullable == "NO":
+            con.execute(f"ALTER TABLE {table} ALTER COLUMN {column} DROP NOT NULL")
 
 
 def _data_change(con, stream, pull_id, count_existing) -> tuple[int, int]:

@@ -175,9 +175,6 @@ DDL = [
         SELECT stream, partition_token, timestamp AS ts, kind
             FROM partition_records WHERE partition_token IS NOT NULL""",
     "CREATE INDEX IF NOT EXISTS mods_by_key ON mods (stream, table_name, keys)",
-    # caches made before records without a time were kept as such (idempotent)
-    "ALTER TABLE data_change_records ALTER COLUMN commit_timestamp DROP NOT NULL",
-    "ALTER TABLE child_partitions_records ALTER COLUMN start_timestamp DROP NOT NULL",
 ]
 
 TABLE_DOCS = {
