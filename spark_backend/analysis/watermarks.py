@@ -7,6 +7,13 @@ import pandas as pd
 
 from spark_backend.analysis.dag import range_end_ns
 
+# Every progress mark: the cache's view plus MUTABLE_KEY_RANGE partition start/event/end records
+# (kept out of the view, whose definition is re-created at every open of the cache).
+_MARKS = """(SELECT stream, partition_token, ts, kind FROM progress_marks
+             UNION ALL
+             SELECT stream, partition_token, timestamp AS ts, kind FROM partition_records
+             WHERE partition_token IS NOT NULL)"""
+
 # Systems without a watermark of their own: Datastream events carry none (reference doc 001;
 # its consumers see freshness, ``systems.freshness``), so no low watermark, nobody holding the
 # stream back and no heartbeat gaps are made up for them.
@@ -74,7 +81,7 @@ def heartbeat_gaps(
     return con.execute(
         """
         WITH marks AS (
-            SELECT partition_token, ts FROM progress_marks WHERE stream = $stream
+            SELECT partition_token, ts FROM """ + _MARKS + """ WHERE stream = $stream
             UNION ALL
             SELECT token, start_ts FROM partitions
             WHERE stream = $stream AND start_ts IS NOT NULL AND state <> 'pending'),
@@ -104,7 +111,7 @@ def watermark_series(
     return con.execute(
         """SELECT partition_token AS partition,
                   (epoch_ns(ts) // $b) * $b AS bucket_ns, max(epoch_ns(ts)) AS watermark_ns
-           FROM progress_marks WHERE stream = $stream
+           FROM """ + _MARKS + """ WHERE stream = $stream
            GROUP BY ALL ORDER BY partition, bucket_ns""",
         {"stream": stream, "b": bucket_ns},
     ).df()

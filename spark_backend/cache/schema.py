@@ -170,10 +170,7 @@ DDL = [
         SELECT stream, partition_token, timestamp AS ts, 'heartbeat' AS kind FROM heartbeats
         UNION ALL
         SELECT stream, partition_token, start_timestamp AS ts, 'child_partitions' AS kind
-            FROM child_partitions_records WHERE partition_token IS NOT NULL
-        UNION ALL
-        SELECT stream, partition_token, timestamp AS ts, kind
-            FROM partition_records WHERE partition_token IS NOT NULL""",
+            FROM child_partitions_records WHERE partition_token IS NOT NULL""",
     "CREATE INDEX IF NOT EXISTS mods_by_key ON mods (stream, table_name, keys)",
 ]
 
