@@ -308,6 +308,7 @@ def run_pull(
     # Start the JVM before any gRPC channel exists: forking next to gRPC threads is fragile.
     spark = spark_session(request.spark_master, request.spark_remote)
     with _open_source(request) as src:
+        src, request, dialect_error = _settle_dialect(src, request)
         stream = request.stream or src.source_stream
         start_ns = request.start if request.start is not None else src.default_start_ns
         if start_ns is None:
@@ -329,7 +330,8 @@ def run_pull(
         pull_id = cache.begin_pull(stream, request.source, start_ns, end_ns, request.heartbeat_ms)
         result = PullResult(stream=stream, status="running", pull_id=pull_id)
         try:
-            src, request = _settle_dialect(cache, stream, src, request)
+            if dialect_error is not None:
+                raise dialect_error
             _run_waves(cache, spark, stream, pull_id, src, request, start_ns, end_ns, report,
                        result)
         except InspectorError as e:
@@ -348,15 +350,18 @@ def run_pull(
     return result
 
 
-def _settle_dialect(cache: Cache, stream: str, src: _Source,
-                    request: PullRequest) -> tuple[_Source, PullRequest]:
+def _settle_dialect(
+    src: _Source, request: PullRequest,
+) -> tuple[_Source, PullRequest, InspectorError | None]:
     """The database's own dialect, unless ``request.dialect`` overrides it (then a query the
-    database refuses for the dialect says so in one sentence)."""
-    target = with_database_dialect(src.target)
-    cache.con.execute("UPDATE streams SET dialect = ? WHERE stream = ? AND dialect IS NULL",
-                      [target.dialect, stream])
+    database refuses for the dialect says so in one sentence). A database that cannot be
+    asked fails the pull like any source error (returned, raised where the pull records it)."""
+    try:
+        target = with_database_dialect(src.target)
+    except InspectorError as e:
+        return src, request, e
     return (dataclasses.replace(src, target=target),
-            dataclasses.replace(request, dialect=target.dialect))
+            dataclasses.replace(request, dialect=target.dialect), None)
 
 
 def _failure_message(failures: list[tuple[str, str]], states: dict[str, int]) -> str:
