@@ -163,7 +163,9 @@ DDL = [
         pull_id BIGINT,
         imported_at TIMESTAMP DEFAULT current_timestamp
     )""",
-    """CREATE OR REPLACE VIEW progress_marks AS
+    # IF NOT EXISTS: re-creating the view at every open rewrote the catalog (a read-only
+    # command changed the file); change its definition with a migration, not here.
+    """CREATE VIEW IF NOT EXISTS progress_marks AS
         SELECT stream, partition_token, commit_timestamp AS ts, 'data_change' AS kind
             FROM data_change_records
         UNION ALL
