@@ -238,6 +238,9 @@ def test_dag_draws_key_range_moves_and_report_works(mutable_pull, world):
     assert {"root", "split", "merge", "move_in", "move_out"} <= kinds
     report = analysis.build_report(cache.con, "DemoStream")
     assert len(report["partitions"]) == len(world.partitions)
+    records = analysis.summary(cache.con, "DemoStream")["records"]
+    assert records["partition_event"] == 2 * len(world.moves)
+    assert records["partition_end"] == sum(p.end is not None for p in world.partitions)
     token, stall_from, stall_to = world.stall
     gaps = analysis.heartbeat_gaps(cache.con, "DemoStream")
     stall = gaps[gaps["partition"] == token].iloc[0]

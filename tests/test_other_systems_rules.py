@@ -65,6 +65,8 @@ def test_a_message_without_time_is_unknown_not_1970(tmp_path):
     stamps = cache.con.execute(
         "SELECT DISTINCT commit_timestamp FROM data_change_records").fetchall()
     assert stamps == [(None,)]
+    counts = analysis.summary(cache.con, "s")["records"]
+    assert counts["data_change_without_time"] == counts["data_change"] == len(rows)
     starts = cache.con.execute("SELECT start_ts FROM partitions").fetchall()
     assert all(s is None or s.year > 1970 for (s,) in starts)
 
