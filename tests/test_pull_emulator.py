@@ -40,7 +40,7 @@ def emulator(request):
 def _request(world, start_ns, end_ns):
     return PullRequest(source="spanner", project=world.project, instance=world.instance,
                        database=world.database, source_stream=world.stream,
-                       dialect=world.dialect, start=start_ns, end=end_ns, heartbeat_ms=1000)
+                       start=start_ns, end=end_ns, heartbeat_ms=1000)  # no --dialect: asked
 
 
 def _committed_in_cache(cache, stream):
@@ -193,3 +193,18 @@ def test_beam_metadata_from_the_command_line(tmp_path, monkeypatch, capsys):
         report = analysis.build_report(c.con, "PipelineMetadata")
     assert report["system"] == "beam" and report["partitions"]
     assert report["holding_back"] is not None
+
+
+def test_a_wrong_dialect_is_answered_with_the_database_dialect(emulator, spark, tmp_path):
+    """--dialect only overrides; when the database refuses it, one sentence names its own."""
+    cache = Cache(tmp_path / "dialect.duckdb")
+    start = from_datetime(emulator.created_at)
+    wrong = "postgresql" if emulator.dialect == "googlesql" else "googlesql"
+    request = _request(emulator, start, start + 10**9)
+    request.dialect = wrong
+    result = run_pull(cache, request)
+    assert result.status == "failed"
+    own = "PostgreSQL" if emulator.dialect == "postgresql" else "GoogleSQL"
+    assert result.error.startswith(f"The database is {own}-dialect but it was queried as ")
+    assert f"--dialect {emulator.dialect}" in result.error and "\n" not in result.error
+    cache.close()
