@@ -13,14 +13,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
-import tempfile
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
-from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from spark_backend.cache.store import Cache
@@ -59,7 +54,8 @@ class PullRequest:
     demo_host: str | None = None         # an already running demo server (the dashboard's)
     emulator_seconds: float = 20.0
     max_attempts: int = 6
-    threads_per_task: int = 8
+    threads_per_task: int = 32          # partitions a task reads at once (they mostly wait)
+    max_rows_per_task: int = 100_000    # bounds what one task hands to the driver
 
 
 @dataclass
@@ -198,82 +194,93 @@ def _initial_query(cache, stream, pull_id, src, request, start_ns, end_ns) -> in
     return stats.child_partitions
 
 
-def _read_wave(spark, src, request, parts, end_ns, staging: Path,
-               on_progress: Callable[[int, int], None]) -> Any:
-    """Run one Spark job over the wave's partitions; returns what to ingest.
+@dataclass
+class _Wave:
+    """What one wave's results said, counted as they land."""
 
-    The job runs in a helper thread while this thread relays the tasks' progress notes to
-    ``on_progress(partitions_done, records)`` (so a UI callback stays on its own thread).
+    number: int
+    records: int = 0                 # data change, heartbeat and child partitions rows
+    ended: int = 0                   # partitions read to their end or to the range end
+    failed: list[tuple[str, str]] = field(default_factory=list)
+
+    def count(self, table: Any) -> None:
+        import pyarrow.compute as pc
+
+        kinds = table.column("kind")
+        self.records += int(pc.sum(pc.is_in(kinds, value_set=_record_kinds())).as_py() or 0)
+        ends = table.filter(pc.equal(kinds, "partition_end"))
+        for token, extra in zip(ends.column("partition_token").to_pylist(),
+                                ends.column("extra").to_pylist(), strict=True):
+            detail = json.loads(extra or "{}")
+            if detail.get("stopped") == "budget":
+                continue  # read on in the next wave
+            self.ended += 1
+            if detail.get("state") == PartitionState.INCOMPLETE:
+                self.failed.append((token, detail.get("error") or "unknown error"))
+
+
+def _read_wave(spark, cache, stream, pull_id, src, request, parts, end_ns, wave: _Wave,
+               on_progress: Callable[[int, int], None]) -> None:
+    """Run one Spark job over the wave's partitions and land its results as they arrive.
+
+    Rows travel back through Spark itself (executors share nothing with the driver but the
+    network); they land in one transaction, a chunk at a time, and each landed chunk reports
+    ``on_progress(partitions_done, records)`` on this thread.
     """
-    from spark_backend.spark.session import is_remote
+    import pyarrow as pa
 
-    remote = is_remote(spark)
-    progress_dir = staging.parent / f"{staging.name}-progress"
-    if not remote:
-        progress_dir.mkdir(parents=True, exist_ok=True)
+    from spark_backend.cache.ingest import ingest_stream
+    from spark_backend.spark.session import (
+        SparkUnavailable,
+        arrow_batches,
+        is_remote,
+        one_line,
+        spark_log_path,
+        task_slots,
+    )
+
     options = {
         "project": src.target.project, "instance": src.target.instance,
         "database": src.target.database, "dialect": src.target.dialect,
         "host": src.target.host or "", "stream": src.source_stream,
         "heartbeat_ms": str(request.heartbeat_ms), "end_ns": str(end_ns),
         "max_attempts": str(request.max_attempts),
-        "tasks": str(_task_slots(spark)), "threads": str(request.threads_per_task),
-        "progress_dir": "" if remote else str(progress_dir),
-        "coord_dir": "" if remote else str(staging.parent / "coordination"),
+        "tasks": str(task_slots(spark)), "threads": str(request.threads_per_task),
+        "max_rows": str(request.max_rows_per_task),
         "partitions": json.dumps([{"token": t, "start_ns": s} for t, s in parts]),
     }
-    df = spark.read.format("spanner_change_stream").options(**options).load()
 
-    def run() -> Any:
-        if remote:
-            return df.toArrow()  # Spark Connect: the cluster cannot write into our folder
-        # Files of at most 100k rows: the cache lands them one by one in bounded memory.
-        df.write.mode("overwrite").option("maxRecordsPerFile", 100_000).parquet(str(staging))
-        return str(staging / "*.parquet")
+    def landed(table: pa.Table) -> None:
+        wave.count(table)
+        on_progress(wave.ended, wave.records)
 
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        job = pool.submit(run)
-        try:
-            while True:
-                try:
-                    return job.result(timeout=0.5)
-                except FutureTimeout:
-                    on_progress(*_task_progress(progress_dir))
-        except BaseException:
-            if not job.done():
-                with contextlib.suppress(Exception):
-                    spark.sparkContext.cancelAllJobs()
-            raise
-        finally:
-            shutil.rmtree(progress_dir, ignore_errors=True)
-
-
-def _task_progress(progress_dir: Path) -> tuple[int, int]:
-    partitions = records = 0
-    for note in progress_dir.glob("task-*.json"):
-        with contextlib.suppress(OSError, ValueError):
-            data = json.loads(note.read_text())
-            partitions += int(data["partitions"])
-            records += int(data["records"])
-    return partitions, records
-
-
-def _task_slots(spark) -> int:
     try:
-        return max(1, int(spark.sparkContext.defaultParallelism))
-    except Exception:  # Spark Connect has no SparkContext
-        return 4
+        df = spark.read.format("spanner_change_stream").options(**options).load()
+        ingest_stream(
+            cache, stream, pull_id, arrow_batches(spark, df), on_chunk=landed,
+            extra_sql=lambda: [("UPDATE pulls SET records = records + ?, waves = ? "
+                                "WHERE pull_id = ?", [wave.records, wave.number, pull_id])],
+        )
+    except InspectorError:
+        raise
+    except BaseException as e:
+        if not is_remote(spark):
+            with contextlib.suppress(Exception):
+                spark.sparkContext.cancelAllJobs()
+        if isinstance(e, KeyboardInterrupt | SystemExit):
+            raise
+        raise SparkUnavailable(
+            f"The Spark job of wave {wave.number} failed ({one_line(e)}); nothing of it was "
+            f"kept; Spark's log is {spark_log_path()}."
+        ) from e
 
 
-def _wave_outcome(cache: Cache, batch: Any) -> tuple[int, int, list[tuple[str, str]]]:
-    """(record rows, partitions read, [(partition, error)] of those that ended incomplete)."""
-    total, ended = cache.scan(
-        batch, "SELECT count(*) FILTER (WHERE kind IN ('data_change', 'heartbeat', "
-               "'child_partitions')), count(*) FILTER (WHERE kind = 'partition_end') FROM b")[0]
-    failed = cache.scan(
-        batch, "SELECT partition_token, extra ->> 'error' FROM b WHERE kind = 'partition_end' "
-               "AND (extra ->> 'state') = 'incomplete' ORDER BY partition_token")
-    return int(total), int(ended), [(t, e) for t, e in failed]
+def _record_kinds():
+    import pyarrow as pa
+
+    return pa.array(["data_change", "heartbeat", "child_partitions"])
+
+
 
 
 def start_spark(master: str | None = None, remote: str | None = None) -> Any:
@@ -376,42 +383,34 @@ def _run_waves(
     if not parts and has_partitions:
         result.status = "nothing-to-do"
         return
-    staging_root = Path(tempfile.mkdtemp(prefix="csi-pull-", dir=cache.path.parent))
     done = 0
     failures: list[tuple[str, str]] = []
-    try:
-        while parts:
-            result.waves += 1
-            known = cache.partition_count(stream)
-            report(PullProgress(result.waves, done, max(known, done + len(parts)), result.records,
-                                f"wave {result.waves}: reading {len(parts)} partitions and "
-                                "the children they lead to"))
-            staging = staging_root / f"wave-{result.waves}"
-            wave, base_done, base_records = result.waves, done, result.records
+    while parts:
+        result.waves += 1
+        known = cache.partition_count(stream)
+        report(PullProgress(result.waves, done, max(known, done + len(parts)), result.records,
+                            f"wave {result.waves}: reading {len(parts)} partitions and "
+                            "the children they lead to"))
+        wave = _Wave(result.waves)
+        base_done, base_records = done, result.records
 
-            def live(partitions: int, records: int) -> None:
-                report(PullProgress(wave, base_done + partitions,
-                                    max(known, base_done + partitions), base_records + records,
-                                    f"wave {wave}: reading"))
+        def live(partitions: int, records: int, wave=wave, base_done=base_done,
+                 base_records=base_records, known=known) -> None:
+            report(PullProgress(wave.number, base_done + partitions,
+                                max(known, base_done + partitions), base_records + records,
+                                f"wave {wave.number}: reading"))
 
-            batch = _read_wave(spark, src, request, parts, end_ns, staging, live)
-            rows, ended, failed = _wave_outcome(cache, batch)
-            cache.ingest(stream, pull_id, batch, extra_sql=[(
-                "UPDATE pulls SET records = records + ?, waves = ? WHERE pull_id = ?",
-                [rows, result.waves, pull_id])])
-            shutil.rmtree(staging, ignore_errors=True)
-            done += ended
-            result.records += rows
-            result.partitions_read = done
-            report(PullProgress(result.waves, done, cache.partition_count(stream),
-                                result.records, f"wave {result.waves} landed"))
-            failures.extend(failed)
-            # Go on with every branch that does not depend on a failed partition.
-            given_up = {token for token, _ in failures}
-            parts = [p for p in cache.frontier(stream, end_ns) if p[0] not in given_up]
-        if failures:
-            raise PullFailed(_failure_message(failures, cache.partition_states(stream)),
-                             partition=failures[0][0])
-        result.status = "complete"
-    finally:
-        shutil.rmtree(staging_root, ignore_errors=True)
+        _read_wave(spark, cache, stream, pull_id, src, request, parts, end_ns, wave, live)
+        done += wave.ended
+        result.records += wave.records
+        result.partitions_read = done
+        report(PullProgress(result.waves, done, cache.partition_count(stream),
+                            result.records, f"wave {result.waves} landed"))
+        failures.extend(wave.failed)
+        # Go on with every branch that does not depend on a failed partition.
+        given_up = {token for token, _ in failures}
+        parts = [p for p in cache.frontier(stream, end_ns) if p[0] not in given_up]
+    if failures:
+        raise PullFailed(_failure_message(failures, cache.partition_states(stream)),
+                         partition=failures[0][0])
+    result.status = "complete"
