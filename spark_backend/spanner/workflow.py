@@ -97,7 +97,7 @@ class _Workflow:
                                      row["ts_ns"]))
             elif kind == "partition_end":
                 finished = json.loads(row["extra"]).get("state") == "finished"
-            self.out.put(row)
+            self._put(row)
         if not (finished and self.follow) or self.stopping.is_set():
             return
         ready = []
@@ -111,6 +111,14 @@ class _Workflow:
                     ready.append((child, start))
         for child, start in ready:
             self.submit(child, start)
+
+    def _put(self, row: dict) -> None:
+        if self.max_rows is not None:
+            with self.lock:
+                self.emitted += 1
+                if self.emitted >= self.max_rows:
+                    self.stopping.set()
+        self.out.put(row)
 
     def rows(self, roots: list[tuple[str, int]]) -> Iterator[dict[str, Any]]:
         if not roots:
@@ -127,9 +135,6 @@ class _Workflow:
                         if self.outstanding == 0:
                             break
                     continue
-                self.emitted += 1
-                if self.max_rows is not None and self.emitted >= self.max_rows:
-                    self.stopping.set()
                 yield row
         finally:
             for _ in self.threads:

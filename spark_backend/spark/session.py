@@ -9,6 +9,7 @@ YARN/Kubernetes and Spark Connect.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -157,6 +158,7 @@ def _classic_session(master: str):
     active = SparkContext._active_spark_context
     if active is not None:
         return SparkSession.builder.getOrCreate()
+    _check_standalone_master(master)
     conf = (
         SparkConf()
         .setMaster(master)
@@ -172,20 +174,39 @@ def _classic_session(master: str):
         .set("spark.executor.memory", "1g")
     )
     log = open(spark_log_path(), "ab")  # the JVM keeps its own descriptor
+    sc = None
     try:
         gateway = launch_gateway(conf, popen_kwargs={"stdout": log, "stderr": log})
         sc = SparkContext(gateway=gateway, conf=conf)
+        sc.setLogLevel("WARN")
+        return SparkSession(sc)
     except Exception as e:
-        SparkContext._gateway = None
-        SparkContext._jvm = None
+        if sc is not None:
+            with contextlib.suppress(Exception):
+                sc.stop()
         raise SparkUnavailable(
             f"Spark did not start with master {master} ({one_line(e)}); Spark's log is "
             f"{spark_log_path()}."
         ) from e
     finally:
         log.close()
-    sc.setLogLevel("WARN")
-    return SparkSession(sc)
+
+
+def _check_standalone_master(master: str) -> None:
+    """A standalone master that does not answer: say so at once (Spark retries for a minute)."""
+    if not master.startswith("spark://"):
+        return
+    for address in master[len("spark://"):].split(","):
+        host, _, port = address.rpartition(":")
+        try:
+            socket.create_connection((host, int(port)), timeout=3).close()
+            return
+        except OSError:
+            continue
+    raise SparkUnavailable(
+        f"No Spark master answers at {master}; start one (README, 'Running on a cluster') or "
+        "leave out --spark-master to use local Spark."
+    )
 
 
 def warm_up(spark) -> None:
