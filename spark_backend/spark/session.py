@@ -227,12 +227,18 @@ def warm_up(spark) -> None:
 
 
 def task_slots(spark) -> int:
-    """How many tasks the cluster runs at once (Connect: asked through SQL conf, else 4)."""
+    """How many tasks the cluster runs at once (Connect: from the server's conf, else 4)."""
     if is_remote(spark):
         try:
-            return max(1, int(spark.conf.get("spark.default.parallelism", "4")))
+            configured = spark.conf.get("spark.default.parallelism", None)
+            if configured:
+                return max(1, int(configured))
+            m = re.match(r"local\[(\d+|\*)", spark.conf.get("spark.master", "") or "")
+            if m:
+                return int(m.group(1)) if m.group(1) != "*" else (os.cpu_count() or 2)
         except Exception:
-            return 4
+            pass
+        return 4
     return max(1, int(spark.sparkContext.defaultParallelism))
 
 
