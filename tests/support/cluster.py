@@ -98,9 +98,10 @@ class Cluster:
 @contextmanager
 def standalone_cluster(log_dir: Path, *, workers: int = 2, cores: int = 1,
                        memory: str = "1g", hidden: list[Path] = (),
-                       project_root: Path | None = None) -> Iterator[Cluster]:
-    """A master and ``workers`` workers on 127.0.0.1, each worker in its own mount namespace
-    with a private /tmp and private ``hidden`` folders."""
+                       project_root: Path | None = None,
+                       isolated: bool = True) -> Iterator[Cluster]:
+    """A master and ``workers`` workers on 127.0.0.1, each worker (``isolated``) in its own
+    mount namespace with a private /tmp and private ``hidden`` folders."""
     log_dir.mkdir(parents=True, exist_ok=True)
     home = spark_home()
     project = [str(project_root)] if project_root else []
@@ -124,8 +125,9 @@ def standalone_cluster(log_dir: Path, *, workers: int = 2, cores: int = 1,
         for i in range(workers):
             wport = free_port()
             log = log_dir / f"worker-{i + 1}.log"
-            cmd = ["unshare", "-m", "--propagation", "private", "sh", "-c", script, "worker",
-                   spark_class, "org.apache.spark.deploy.worker.Worker", url,
+            wrap = (["unshare", "-m", "--propagation", "private", "sh", "-c", script, "worker"]
+                    if isolated else [])
+            cmd = [*wrap, spark_class, "org.apache.spark.deploy.worker.Worker", url,
                    "--host", "127.0.0.1", "--port", str(wport), "--webui-port",
                    str(free_port()), "--cores", str(cores), "--memory", memory,
                    "--work-dir", "/tmp/spark-work"]
