@@ -247,60 +247,156 @@ class _Wave:
                 self.failed.append((token, detail.get("error") or "unknown error"))
 
 
-def _read_wave(spark, cache, stream, pull_id, src, request, parts, end_ns, wave: _Wave,
-               on_progress: Callable[[int, int], None]) -> None:
-    """Run one Spark job over the wave's partitions and land its results as they arrive.
+_JOB_DONE = object()
 
-    Rows travel back through Spark itself (executors share nothing with the driver but the
-    network); they land in one transaction, a chunk at a time, and each landed chunk reports
-    ``on_progress(partitions_done, records)`` on this thread.
+
+class _Jobs:
+    """Spark jobs reading partitions, their results streamed back through Spark.
+
+    A job is started as soon as partitions become readable (the first ones; a merge child once
+    the tasks that read its parents landed; a partition a task left open for its row budget),
+    while earlier jobs still run: no wave waits for its slowest task. Every task ends its
+    results with a marker row; everything a task returned lands in ONE transaction when its
+    marker arrives, so the cache only ever holds whole task results (a crash loses at most the
+    tasks in flight, which the next pull reads again).
     """
-    import pyarrow as pa
 
+    def __init__(self, spark, src, request, end_ns):
+        import queue
+
+        from spark_backend.spark.session import task_slots
+
+        self.spark, self.src, self.request, self.end_ns = spark, src, request, end_ns
+        self.slots = task_slots(spark)
+        self.results: queue.Queue = queue.Queue(maxsize=8)  # bounded: back-pressure to Spark
+        self.running: dict[int, set[str]] = {}
+        self.started = 0
+
+    def reading(self) -> set[str]:
+        return set().union(*self.running.values()) if self.running else set()
+
+    def start(self, parts: list[tuple[str, int]]) -> None:
+        import threading
+
+        self.started += 1
+        number = self.started
+        self.running[number] = {token for token, _ in parts}
+        options = {
+            "project": self.src.target.project, "instance": self.src.target.instance,
+            "database": self.src.target.database, "dialect": self.src.target.dialect,
+            "host": self.src.target.host or "", "stream": self.src.source_stream,
+            "heartbeat_ms": str(self.request.heartbeat_ms), "end_ns": str(self.end_ns),
+            "max_attempts": str(self.request.max_attempts),
+            "tasks": str(self.slots), "threads": str(self.request.threads_per_task),
+            "max_rows": str(self.request.max_rows_per_task), "task_markers": "true",
+            "partitions": json.dumps([{"token": t, "start_ns": s} for t, s in parts]),
+        }
+        threading.Thread(target=self._run, args=(number, options), daemon=True,
+                         name=f"pull-job-{number}").start()
+
+    def _run(self, number: int, options: dict) -> None:
+        from spark_backend.spark.session import arrow_batches
+
+        try:
+            df = self.spark.read.format("spanner_change_stream").options(**options).load()
+            for batch in arrow_batches(self.spark, df):
+                self.results.put((number, batch))
+            self.results.put((number, _JOB_DONE))
+        except BaseException as e:
+            self.results.put((number, e))
+
+    def cancel(self) -> None:
+        from spark_backend.spark.session import is_remote
+
+        if not is_remote(self.spark):
+            with contextlib.suppress(Exception):
+                self.spark.sparkContext.cancelAllJobs()
+        else:
+            with contextlib.suppress(Exception):
+                self.spark.interruptAll()
+
+
+def _task_ends(batch: Any) -> tuple[Any, bool]:
+    """(the batch without task-end markers, whether it held one)."""
+    import pyarrow.compute as pc
+
+    marker = pc.and_(pc.equal(batch.column("kind"), "partition_end"),
+                     pc.is_null(batch.column("partition_token")))
+    if not pc.any(marker).as_py():
+        return batch, False
+    return batch.filter(pc.invert(marker)), True
+
+
+def _read_all(spark, cache, stream, pull_id, src, request, parts, end_ns, report,
+              result) -> list[tuple[str, str]]:
+    """Read ``parts`` and every partition they lead to; returns [(partition, error)] of the
+    partitions that failed (everything that does not depend on them is read)."""
     from spark_backend.cache.ingest import ingest_stream
-    from spark_backend.spark.session import (
-        SparkUnavailable,
-        arrow_batches,
-        is_remote,
-        one_line,
-        spark_log_path,
-        task_slots,
-    )
+    from spark_backend.spark.session import SparkUnavailable, one_line, spark_log_path
 
-    options = {
-        "project": src.target.project, "instance": src.target.instance,
-        "database": src.target.database, "dialect": src.target.dialect,
-        "host": src.target.host or "", "stream": src.source_stream,
-        "heartbeat_ms": str(request.heartbeat_ms), "end_ns": str(end_ns),
-        "max_attempts": str(request.max_attempts),
-        "tasks": str(task_slots(spark)), "threads": str(request.threads_per_task),
-        "max_rows": str(request.max_rows_per_task),
-        "partitions": json.dumps([{"token": t, "start_ns": s} for t, s in parts]),
-    }
+    jobs = _Jobs(spark, src, request, end_ns)
+    total = _Wave(0)
+    failures: list[tuple[str, str]] = []
+    pending: list[Any] = []
 
-    def landed(table: pa.Table) -> None:
-        wave.count(table)
-        on_progress(wave.ended, wave.records)
+    def launch(readable: list[tuple[str, int]]) -> None:
+        jobs.start(readable)
+        result.waves = jobs.started
+        report(PullProgress(jobs.started, total.ended, cache.partition_count(stream),
+                            result.records, f"job {jobs.started}: reading {len(readable)} "
+                            "partitions and the children they lead to"))
 
+    def land() -> None:
+        nonlocal pending
+        batches, pending = pending, []
+        before = total.records
+        ingest_stream(cache, stream, pull_id, batches, on_chunk=total.count,
+                      extra_sql=lambda: [("UPDATE pulls SET records = records + ?, waves = ? "
+                                          "WHERE pull_id = ?",
+                                          [total.records - before, jobs.started, pull_id])])
+        result.records += total.records - before
+        result.partitions_read = total.ended
+        failures[:] = total.failed
+        report(PullProgress(jobs.started, total.ended, cache.partition_count(stream),
+                            result.records, "landed"))
+
+    def readable() -> list[tuple[str, int]]:
+        busy = jobs.reading() | {token for token, _ in failures}
+        return [p for p in cache.frontier(stream, end_ns) if p[0] not in busy]
+
+    launch(parts)
     try:
-        df = spark.read.format("spanner_change_stream").options(**options).load()
-        ingest_stream(
-            cache, stream, pull_id, arrow_batches(spark, df), on_chunk=landed,
-            extra_sql=lambda: [("UPDATE pulls SET records = records + ?, waves = ? "
-                                "WHERE pull_id = ?", [wave.records, wave.number, pull_id])],
-        )
+        while jobs.running:
+            number, item = jobs.results.get()
+            if item is _JOB_DONE:
+                del jobs.running[number]
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                batch, task_ended = _task_ends(item)
+                if batch.num_rows:
+                    pending.append(batch)
+                if not task_ended:
+                    continue
+                arrived = sum(b.num_rows for b in pending)
+                report(PullProgress(jobs.started, total.ended, cache.partition_count(stream),
+                                    result.records + arrived, f"job {number}: reading"))
+                land()
+            more = readable()
+            if more:
+                launch(more)
     except InspectorError:
+        jobs.cancel()
         raise
     except BaseException as e:
-        if not is_remote(spark):
-            with contextlib.suppress(Exception):
-                spark.sparkContext.cancelAllJobs()
+        jobs.cancel()
         if isinstance(e, KeyboardInterrupt | SystemExit):
             raise
         raise SparkUnavailable(
-            f"The Spark job of wave {wave.number} failed ({one_line(e)}); nothing of it was "
-            f"kept; Spark's log is {spark_log_path()}."
+            f"A Spark job of the pull failed ({one_line(e)}); every task that finished before "
+            f"is kept, pull again to resume; Spark's log is {spark_log_path()}."
         ) from e
+    return failures
 
 
 def _record_kinds():
@@ -411,33 +507,8 @@ def _run_waves(
     if not parts and has_partitions:
         result.status = "nothing-to-do"
         return
-    done = 0
-    failures: list[tuple[str, str]] = []
-    while parts:
-        result.waves += 1
-        known = cache.partition_count(stream)
-        report(PullProgress(result.waves, done, max(known, done + len(parts)), result.records,
-                            f"wave {result.waves}: reading {len(parts)} partitions and "
-                            "the children they lead to"))
-        wave = _Wave(result.waves)
-        base_done, base_records = done, result.records
-
-        def live(partitions: int, records: int, wave=wave, base_done=base_done,
-                 base_records=base_records, known=known) -> None:
-            report(PullProgress(wave.number, base_done + partitions,
-                                max(known, base_done + partitions), base_records + records,
-                                f"wave {wave.number}: reading"))
-
-        _read_wave(spark, cache, stream, pull_id, src, request, parts, end_ns, wave, live)
-        done += wave.ended
-        result.records += wave.records
-        result.partitions_read = done
-        report(PullProgress(result.waves, done, cache.partition_count(stream),
-                            result.records, f"wave {result.waves} landed"))
-        failures.extend(wave.failed)
-        # Go on with every branch that does not depend on a failed partition.
-        given_up = {token for token, _ in failures}
-        parts = [p for p in cache.frontier(stream, end_ns) if p[0] not in given_up]
+    failures = _read_all(spark, cache, stream, pull_id, src, request, parts, end_ns, report,
+                         result)
     if failures:
         raise PullFailed(_failure_message(failures, cache.partition_states(stream)),
                          partition=failures[0][0])

@@ -49,7 +49,9 @@ class SpannerChangeStreamDataSource(DataSource):
     reads at the same time, default 8), follow_children ("true": a task goes on with the
     children it can read itself), max_rows (a task stops its reads at the next timestamp
     after this many rows, leaving them ``open`` for the next wave: bounds what a task hands
-    to the driver), warm_up (N: N tasks that only import the reader; no rows).
+    to the driver), task_markers ("true": each task ends with a ``partition_end`` row without
+    a partition, so the driver knows it has all of a task's rows), warm_up (N: N tasks that
+    only import the reader; no rows).
 
     Nothing is written anywhere: rows (and each partition's end row, the progress) travel to
     the driver as the job's results."""
@@ -94,6 +96,7 @@ class SpannerChangeStreamDataSourceReader(DataSourceReader):
         self.follow = options.get("follow_children", "true").lower() == "true"
         self.max_rows = int(options.get("max_rows", "0")) or None
         self.warm_up = int(options.get("warm_up", "0"))
+        self.task_markers = options.get("task_markers", "false").lower() == "true"
         if self.tasks < 1 or self.threads < 1:
             raise ValueError('Options "tasks" and "threads" must be positive integers.')
         SpannerTarget(self.project, self.instance, self.database, self.dialect, self.host)
@@ -108,7 +111,7 @@ class SpannerChangeStreamDataSourceReader(DataSourceReader):
 
     def read(self, partition: ChangeStreamPartition):
         from spark_backend.model import config
-        from spark_backend.model.records import batched, to_arrow_batch
+        from spark_backend.model.records import batched, partition_end, to_arrow_batch
         from spark_backend.spanner.connect import SpannerTarget, open_database
         from spark_backend.spanner.workflow import read_partitions
 
@@ -127,6 +130,8 @@ class SpannerChangeStreamDataSourceReader(DataSourceReader):
         )
         for batch in batched(rows, BATCH_ROWS):
             yield to_arrow_batch(batch)
+        if self.task_markers:  # the driver lands a task's rows once it saw all of them
+            yield to_arrow_batch([partition_end(None, "task_done", None, task=partition.index)])
 
 
 class ChangeFilesDataSource(DataSource):
