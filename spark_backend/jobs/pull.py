@@ -55,7 +55,7 @@ class PullRequest:
     emulator_seconds: float = 20.0
     max_attempts: int = 6
     threads_per_task: int = 32          # partitions a task reads at once (they mostly wait)
-    max_rows_per_task: int = 100_000    # bounds what one task hands to the driver
+    max_rows_per_task: int = 50_000     # bounds what one task hands to the driver
 
 
 @dataclass

@@ -170,7 +170,7 @@ def _classic_session(master: str):
         .set("spark.sql.shuffle.partitions", "4")
         .set("spark.python.worker.reuse", "true")
         .set("spark.sql.execution.arrow.pyspark.enabled", "true")
-        .set("spark.driver.memory", "1g")
+        .set("spark.driver.memory", "512m")  # results stream through: a small heap will do
         .set("spark.executor.memory", "1g")
     )
     log = open(spark_log_path(), "ab")  # the JVM keeps its own descriptor
