@@ -1,17 +1,26 @@
-"""Pull throughput: the project's Spark pull against the plain sequential baseline.
+"""Pull throughput: the project's Spark pull against the sequential client and the critical-path
+bound, on worlds of the demo simulator served with a simulated latency per response.
 
-One demo world (the deterministic simulator behind the local Spanner-protocol server, run in
-its own process with simulated network latency) is read twice in the same run:
+Each world (``--records`` rows: data change + heartbeats + child partitions) is served by its own
+process (the Spanner-protocol demo server): before the clock starts it builds the world and
+encodes ahead every response the project's queries will ask for, and it reports its CPU use, so
+the server is measured, not assumed, not to be the bottleneck. In the same run:
 
-- baseline: google-cloud-spanner as documented, one partition at a time (the query workflow,
-  merges read once after their parents), the client's default (full) decode;
-- project: `run_pull` (Spark, one task per partition, wave by wave, lazy decode) into a fresh
-  DuckDB cache.
+- baseline: google-cloud-spanner as its docs show it, one partition at a time (the query
+  workflow, merges read once after their parents), full decode; it reads for at most
+  ``--baseline-seconds`` and reports its rate;
+- project: ``run_pull`` (Spark, results streamed back through Spark into a fresh DuckDB cache),
+  ``--repeat`` times with Spark warm, on ``local[*]`` and, with ``--cluster``, on a standalone
+  master with two workers started from the installed pyspark;
+- bound: from the world's ground truth, the longest chain of responses that must be read one
+  after another (the initial query, then each partition after all of its parents) times the
+  latency. No reader of this server can be faster.
 
-Each side runs in its own process; peak memory is the peak resident set of that process and
-all of its children (the JVM and Spark's Python workers for the project), sampled every 0.2 s.
+Peak memory is the peak resident set of the pulling process and all its children (the JVM and
+Spark's Python workers), sampled every 0.2 s. ``--demo`` also times the embedded demo world
+(28k rows, its own in-process server, no latency) with Spark warm.
 
-    python benchmarks/pull_throughput.py --records 100000 1000000 --latency-ms 2
+    python benchmarks/pull_throughput.py --records 100000 1000000 --latency-ms 20 2 --cluster
 """
 
 from __future__ import annotations
@@ -19,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -29,33 +39,43 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 RECORDS_PER_SCALE = 28_000  # rows (data change + heartbeats + child partitions) at scale 1.0
+HEARTBEAT_MS = 10_000
 
 
-def _tree_rss_kb(pid: int) -> int:
-    """RSS of a process and all its descendants, from /proc."""
+def _proc_table() -> tuple[dict[int, list[int]], dict[int, tuple[int, float]]]:
     children: dict[int, list[int]] = {}
-    rss: dict[int, int] = {}
+    info: dict[int, tuple[int, float]] = {}
+    tick = os.sysconf("SC_CLK_TCK")
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
             with open(f"/proc/{entry}/stat") as f:
                 fields = f.read().rsplit(")", 1)[1].split()
-            ppid = int(fields[1])
+            rss = 0
             with open(f"/proc/{entry}/status") as f:
                 for line in f:
                     if line.startswith("VmRSS:"):
-                        rss[int(entry)] = int(line.split()[1])
+                        rss = int(line.split()[1])
                         break
-            children.setdefault(ppid, []).append(int(entry))
+            children.setdefault(int(fields[1]), []).append(int(entry))
+            info[int(entry)] = (rss, (int(fields[11]) + int(fields[12])) / tick)
         except (OSError, IndexError, ValueError):
             continue
-    total, todo = 0, [pid]
+    return children, info
+
+
+def tree_usage(pid: int) -> tuple[int, float]:
+    """(RSS in kB, CPU seconds) of a process and all its descendants, from /proc."""
+    children, info = _proc_table()
+    rss = cpu = 0
+    todo = [pid]
     while todo:
         p = todo.pop()
-        total += rss.get(p, 0)
+        r, c = info.get(p, (0, 0.0))
+        rss, cpu = rss + r, cpu + c
         todo.extend(children.get(p, []))
-    return total
+    return rss, cpu
 
 
 class PeakMemory:
@@ -67,7 +87,7 @@ class PeakMemory:
 
     def _run(self):
         while not self._stop.is_set():
-            self.peak_kb = max(self.peak_kb, _tree_rss_kb(self.pid))
+            self.peak_kb = max(self.peak_kb, tree_usage(self.pid)[0])
             self._stop.wait(0.2)
 
     def __enter__(self):
@@ -77,16 +97,76 @@ class PeakMemory:
     def __exit__(self, *exc):
         self._stop.set()
         self._thread.join()
-        self.peak_kb = max(self.peak_kb, _tree_rss_kb(self.pid))
+        self.peak_kb = max(self.peak_kb, tree_usage(self.pid)[0])
+
+
+# --- the server process -------------------------------------------------------------------------
+
+
+def _query_key(sql: str, params: dict) -> bytes:
+    """The key the demo server files a query's responses under (its own hashing)."""
+    import hashlib
+
+    from google.cloud.spanner_v1._helpers import _make_value_pb
+    from google.protobuf.struct_pb2 import Struct
+
+    h = hashlib.blake2b(digest_size=8)
+    h.update(sql.encode())
+    h.update(Struct(fields={k: _make_value_pb(v) for k, v in params.items()})
+             .SerializeToString(deterministic=True))
+    return h.digest()
+
+
+def serve(scale: float, dialect: str, latency_ms: float) -> None:
+    """Build the world, encode ahead the responses of every query of the project's pull,
+    compute the critical-path bound, print one JSON line, serve until stdin closes."""
+    from spark_backend.demo.server import DemoServer, _LazySeq
+    from spark_backend.demo.world import build_world
+    from spark_backend.spanner.reader import _params, query_text
+
+    world = build_world(seed=7, scale=scale)
+    server = DemoServer(world, dialect=dialect, latency_ms=latency_ms,
+                        remembered_queries=2 * len(world.partitions) + 64, max_workers=256)
+    sql = query_text(dialect, world.stream)
+    responses: dict[str | None, int] = {}
+    for token, start in [(None, world.start), *((p.token, p.start) for p in world.partitions)]:
+        params, _ = _params(dialect, token, start, world.end, HEARTBEAT_MS)
+        qkey = _query_key(sql, params)
+        seq = _LazySeq(server._responses(world.query(token, start, world.end, HEARTBEAT_MS),
+                                         qkey))
+        n = 0
+        while seq.get(n) is not None:
+            n += 1
+        server._seq_cache[qkey] = seq
+        responses[token] = n
+    # Longest chain: a partition starts once the initial query and all its parents are done.
+    done: dict[str, int] = {}
+    by_token = {p.token: p for p in world.partitions}
+
+    def finish(token: str) -> int:
+        if token not in done:
+            parents = [t for t in by_token[token].parents if t]
+            done[token] = (max((finish(t) for t in parents), default=responses[None])
+                           + responses[token])
+        return done[token]
+
+    chain = max(finish(p.token) for p in world.partitions)
+    address = server.start()
+    print(json.dumps({"address": address, "partitions": len(world.partitions),
+                      "responses": sum(responses.values()), "chain_responses": chain,
+                      "start": world.start, "end": world.end, "stream": world.stream}),
+          flush=True)
+    sys.stdin.read()
+    server.stop()
 
 
 # --- the two sides (each runs in its own process) ---------------------------------------------
 
 
-def run_baseline(host: str, dialect: str, stream: str, start: str, end: str,
+def run_baseline(host: str, dialect: str, stream: str, start: int, end: int,
                  budget_s: float) -> dict:
     """Sequential, default decode: the plain client as its docs show it. Stops after
-    ``budget_s`` seconds (its rate is steady; a 1M-record baseline would take half an hour)."""
+    ``budget_s`` seconds (its rate is steady)."""
     from google.auth.credentials import AnonymousCredentials
     from google.cloud import spanner
     from google.cloud.spanner_admin_database_v1 import DatabaseDialect
@@ -111,14 +191,13 @@ def run_baseline(host: str, dialect: str, stream: str, start: str, end: str,
         types = {"p1": param_types.TIMESTAMP, "p2": param_types.TIMESTAMP,
                  "p3": param_types.STRING, "p4": param_types.INT64}
         names = ("p1", "p2", "p3", "p4")
-    end_dt = to_datetime(parse_ns(end))
+    end_dt = to_datetime(end)
 
     def children_of(row):
         if dialect == "googlesql":
             record = row[0][0]
-            cps = record[2]  # child_partitions_record: list of structs
             out = []
-            for cp in cps or []:
+            for cp in record[2] or []:
                 for child in cp[2]:
                     out.append((child[0], list(child[1]), cp[0]))
             return out
@@ -130,17 +209,17 @@ def run_baseline(host: str, dialect: str, stream: str, start: str, end: str,
                 for c in cp["child_partitions"]]
 
     rows = 0
-    queue = [(None, to_datetime(parse_ns(start)))]
+    queue = [(None, to_datetime(start))]
     parents_done: dict[str, set] = {}
     scheduled: set = set()
     began = time.monotonic()
     while queue and time.monotonic() - began < budget_s:
         token, start_dt = queue.pop(0)
-        params = dict(zip(names, (start_dt, end_dt, token, 10_000), strict=True))
+        params = dict(zip(names, (start_dt, end_dt, token, HEARTBEAT_MS), strict=True))
         with db.snapshot() as snap:
             for row in snap.execute_sql(sql, params=params, param_types=types):
                 rows += 1
-                if rows % 1000 == 0 and time.monotonic() - began >= budget_s:
+                if rows % 200 == 0 and time.monotonic() - began >= budget_s:
                     break
                 for child, parents, child_start in children_of(row):
                     if child in scheduled:
@@ -153,29 +232,36 @@ def run_baseline(host: str, dialect: str, stream: str, start: str, end: str,
                         cs = child_start if not isinstance(child_start, str) else to_datetime(
                             parse_ns(child_start))
                         queue.append((child, cs))
-    seconds = time.monotonic() - began
-    return {"rows": rows, "seconds": seconds, "partitions": len(scheduled)}
+    return {"rows": rows, "seconds": time.monotonic() - began}
 
 
-def run_project(host: str, dialect: str, stream: str, start: str, end: str,
-                master: str | None, threads: int) -> dict:
-    os.environ["SPANNER_EMULATOR_HOST"] = host
+def run_project(host: str | None, dialect: str, stream: str, start: int, end: int,
+                master: str | None, repeat: int) -> dict:
+    """``repeat`` pulls with Spark warm; host None: the embedded demo world instead."""
+    if host:
+        os.environ["SPANNER_EMULATOR_HOST"] = host
     from spark_backend.cache.store import Cache
     from spark_backend.jobs.pull import PullRequest, run_pull
     from spark_backend.spark.session import spark_session, warm_up
 
     warm_up(spark_session(master))  # one-time JVM and worker start-up: not part of throughput
-    with tempfile.TemporaryDirectory() as tmp, Cache(Path(tmp) / "bench.duckdb") as cache:
-        began = time.monotonic()
-        result = run_pull(cache, PullRequest(
-            source="spanner", project="p", instance="i", database="d", source_stream=stream,
-            dialect=dialect, start=start, end=end, spark_master=master,
-            threads_per_task=threads))
-        seconds = time.monotonic() - began
-        if result.status != "complete":
-            raise SystemExit(f"pull failed: {result.error}")
-        return {"rows": result.records, "seconds": seconds, "partitions": result.partitions_read,
-                "waves": result.waves}
+    runs = []
+    for _ in range(repeat):
+        with tempfile.TemporaryDirectory() as tmp, Cache(Path(tmp) / "bench.duckdb") as cache:
+            if host:
+                request = PullRequest(source="spanner", project="p", instance="i", database="d",
+                                      source_stream=stream, dialect=dialect, start=start,
+                                      end=end, spark_master=master, heartbeat_ms=HEARTBEAT_MS)
+            else:
+                request = PullRequest(source="demo", dialect=dialect, spark_master=master)
+            began = time.monotonic()
+            result = run_pull(cache, request)
+            seconds = time.monotonic() - began
+            if result.status != "complete":
+                raise SystemExit(f"pull failed: {result.error}")
+            runs.append({"rows": result.records, "seconds": seconds, "waves": result.waves,
+                         "partitions": result.partitions_read})
+    return {"runs": runs}
 
 
 def _side(args) -> None:
@@ -185,7 +271,7 @@ def _side(args) -> None:
                                args.baseline_seconds)
         else:
             out = run_project(args.host, args.dialect, args.stream, args.start, args.end,
-                              args.master, args.threads)
+                              args.master, args.repeat)
     out["peak_mb"] = mem.peak_kb / 1024
     print(json.dumps(out), flush=True)
 
@@ -193,24 +279,26 @@ def _side(args) -> None:
 # --- the driver ---------------------------------------------------------------------------------
 
 
-def _start_server(scale: float, dialect: str, latency_ms: float) -> tuple[subprocess.Popen, str]:
+def _start_server(scale: float, dialect: str, latency_ms: float) -> tuple[subprocess.Popen, dict]:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "spark_backend.demo.server", "--scale", str(scale),
-         "--dialect", dialect, "--latency-ms", str(latency_ms)],
+        [sys.executable, __file__, "--role", "server", "--scale", str(scale), "--dialect",
+         dialect, "--latency-ms", str(latency_ms)],
         cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
     )
-    address = proc.stdout.readline().strip()
-    if not address:
+    line = proc.stdout.readline().strip()
+    if not line:
         raise SystemExit("the demo server did not start")
-    return proc, address
+    return proc, json.loads(line)
 
 
-def _run_side(role: str, host: str, args, world) -> dict:
-    cmd = [sys.executable, __file__, "--role", role, "--host", host, "--dialect", args.dialect,
-           "--stream", world["stream"], "--start", world["start"], "--end", world["end"],
-           "--baseline-seconds", str(args.baseline_seconds), "--threads", str(args.threads)]
-    if args.master:
-        cmd += ["--master", args.master]
+def _run_side(role: str, world: dict | None, args, master: str | None) -> dict:
+    cmd = [sys.executable, __file__, "--role", role, "--dialect", args.dialect,
+           "--baseline-seconds", str(args.baseline_seconds), "--repeat", str(args.repeat)]
+    if world:
+        cmd += ["--host", world["address"], "--stream", world["stream"],
+                "--start", str(world["start"]), "--end", str(world["end"])]
+    if master:
+        cmd += ["--master", master]
     out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=False)
     lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
     if out.returncode != 0 or not lines:
@@ -218,50 +306,111 @@ def _run_side(role: str, host: str, args, world) -> dict:
     return json.loads(lines[-1])
 
 
+def _median(runs: list[dict], key: str) -> float:
+    return statistics.median(r[key] for r in runs)
+
+
+def _masters(args) -> list[tuple[str, str | None]]:
+    return [("local[*]", None)] + ([("2-worker cluster", "cluster")] if args.cluster else [])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--records", type=int, nargs="+", default=[100_000, 1_000_000])
-    parser.add_argument("--latency-ms", type=float, default=2.0,
-                        help="simulated network latency per server response")
+    parser.add_argument("--records", type=int, nargs="*", default=[100_000, 1_000_000])
+    parser.add_argument("--latency-ms", type=float, nargs="+", default=[20.0, 2.0],
+                        help="simulated latency per server response")
     parser.add_argument("--dialect", default="googlesql")
-    parser.add_argument("--master", default=None, help="Spark master (default: local[*])")
-    parser.add_argument("--baseline-seconds", type=float, default=180.0,
+    parser.add_argument("--repeat", type=int, default=3, help="project pulls per row (median)")
+    parser.add_argument("--cluster", action="store_true",
+                        help="also run on a standalone master with two workers")
+    parser.add_argument("--demo", action="store_true",
+                        help="also time the embedded demo world (28k rows) with Spark warm")
+    parser.add_argument("--baseline-seconds", type=float, default=60.0,
                         help="the baseline reads this long at most (it reports a rate)")
-    parser.add_argument("--threads", type=int, default=8,
-                        help="partitions each Spark task reads at the same time")
-    parser.add_argument("--role", choices=["baseline", "project"], help=argparse.SUPPRESS)
+    parser.add_argument("--role", choices=["baseline", "project", "server"],
+                        help=argparse.SUPPRESS)
+    parser.add_argument("--master", help=argparse.SUPPRESS)
+    parser.add_argument("--scale", type=float, help=argparse.SUPPRESS)
     parser.add_argument("--host", help=argparse.SUPPRESS)
     parser.add_argument("--stream", help=argparse.SUPPRESS)
-    parser.add_argument("--start", help=argparse.SUPPRESS)
-    parser.add_argument("--end", help=argparse.SUPPRESS)
+    parser.add_argument("--start", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--end", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     os.environ.setdefault("SPANNER_DISABLE_BUILTIN_METRICS", "true")
+    if args.role == "server":
+        serve(args.scale, args.dialect, args.latency_ms[0])
+        return
     if args.role:
         _side(args)
         return
-    from spark_backend.demo.world import DEMO_STREAM, WORLD_START, format_ts
+    with _cluster_if(args) as cluster_url:
+        if args.demo:
+            for name, master in _masters(args):
+                out = _run_side("project", None, args, cluster_url if master else None)
+                runs = out["runs"]
+                print(f"demo world ({runs[0]['rows']:,} rows) on {name}, Spark warm: median "
+                      f"{_median(runs, 'seconds'):.1f}s of {[round(r['seconds'], 1) for r in runs]}"
+                      f", {runs[0]['waves']} waves, peak {out['peak_mb']:,.0f} MB", flush=True)
+        print(f"{'records':>9} {'lat ms':>6} {'parts':>5} {'spark':>16} {'base rec/s':>10} "
+              f"{'proj rec/s':>10} {'ratio':>6} {'proj s':>7} {'bound s':>7} {'of bound':>8} "
+              f"{'waves':>5} {'server cpu':>10} {'base MB':>7} {'proj MB':>7}", flush=True)
+        for target in args.records:
+            for latency in args.latency_ms:
+                _one_row(args, target, latency, cluster_url)
 
-    print(f"{'records':>9} {'partitions':>10} {'baseline rec/s':>15} {'project rec/s':>14} "
-          f"{'ratio':>6} {'baseline MB':>12} {'project MB':>11}")
-    for target in args.records:
-        scale = round(target / RECORDS_PER_SCALE, 3)
-        proc, host = _start_server(scale, args.dialect, args.latency_ms)
-        try:
-            world = {"stream": DEMO_STREAM, "start": format_ts(WORLD_START),
-                     "end": format_ts(WORLD_START + 3600 * 10**9)}
-            base = _run_side("baseline", host, args, world)
-            mine = _run_side("project", host, args, world)
-        finally:
-            proc.stdin.close()
-            proc.wait(timeout=60)
-        b_rate, p_rate = base["rows"] / base["seconds"], mine["rows"] / mine["seconds"]
-        print(f"{mine['rows']:>9,} {mine['partitions']:>10} {b_rate:>15,.0f} {p_rate:>14,.0f} "
-              f"{p_rate / b_rate:>5.2f}x {base['peak_mb']:>12,.0f} {mine['peak_mb']:>11,.0f}",
-              flush=True)
-        if base["rows"] != mine["rows"]:
-            print(f"  note: the baseline read {base['rows']:,} rows in {base['seconds']:.0f}s "
-                  f"(its time budget), the project all {mine['rows']:,} in "
-                  f"{mine['seconds']:.0f}s")
+
+def _one_row(args, target: int, latency: float, cluster_url: str | None) -> None:
+    scale = round(target / RECORDS_PER_SCALE, 3)
+    proc, world = _start_server(scale, args.dialect, latency)
+    try:
+        bound = world["chain_responses"] * latency / 1000
+        _, cpu0 = tree_usage(proc.pid)
+        t0 = time.monotonic()
+        base = _run_side("baseline", world, args, None)
+        _, cpu1 = tree_usage(proc.pid)
+        base_server = (cpu1 - cpu0) / max(time.monotonic() - t0, 1e-9)
+        b_rate = base["rows"] / base["seconds"]
+        for name, master in _masters(args):
+            _, cpu0 = tree_usage(proc.pid)
+            t0 = time.monotonic()
+            mine = _run_side("project", world, args, cluster_url if master else None)
+            _, cpu1 = tree_usage(proc.pid)
+            busy = (cpu1 - cpu0) / max(time.monotonic() - t0, 1e-9)
+            runs = mine["runs"]
+            secs = _median(runs, "seconds")
+            p_rate = runs[0]["rows"] / secs
+            print(f"{runs[0]['rows']:>9,} {latency:>6g} {world['partitions']:>5} {name:>16} "
+                  f"{b_rate:>10,.0f} {p_rate:>10,.0f} {p_rate / b_rate:>5.2f}x {secs:>7.1f} "
+                  f"{bound:>7.1f} {bound / secs:>7.0%} {runs[0]['waves']:>5} "
+                  f"{busy:>9.0%}c {base['peak_mb']:>7,.0f} {mine['peak_mb']:>7,.0f}",
+                  flush=True)
+            print(f"{'':>9}   runs {[round(r['seconds'], 1) for r in runs]} s; server busy "
+                  f"{base_server:.0%} of a core under the baseline", flush=True)
+    finally:
+        proc.stdin.close()
+        proc.wait(timeout=60)
+
+
+class _cluster_if:
+    """A standalone master + 2 workers (1 core, 1 GB each) for ``--cluster``."""
+
+    def __init__(self, args):
+        self.args = args
+        self.ctx = None
+
+    def __enter__(self) -> str | None:
+        if not self.args.cluster:
+            return None
+        from tests.support.cluster import standalone_cluster, unshare_missing
+
+        logs = Path(tempfile.mkdtemp(prefix="bench-cluster-"))
+        self.ctx = standalone_cluster(logs, workers=2, cores=1, project_root=ROOT,
+                                      isolated=unshare_missing() is None)
+        return self.ctx.__enter__().master_url
+
+    def __exit__(self, *exc):
+        if self.ctx is not None:
+            self.ctx.__exit__(*exc)
 
 
 if __name__ == "__main__":

@@ -121,26 +121,37 @@ def test_merge_across_tasks_is_left_to_the_next_wave(tmp_path):
     cache.close()
 
 
-def test_merge_across_tasks_handed_over_through_the_coordination_folder(tmp_path):
-    """Parents in two tasks running at the same time: exactly one of them reads the merge
-    child, after both parents finished, from the record's start_timestamp."""
-    coord = str(tmp_path / "coordination")
-    for attempt in range(20):  # different interleavings
-        source = FakeSource()
-        tasks = [_Workflow(source.read, 2, True, coord + str(attempt)),
-                 _Workflow(source.read, 2, True, coord + str(attempt))]
-        roots = [[("child_token_1", T0), ("child_token_2", T0)], [("child_token_3", T0)]]
-        out: list = [None, None]
+def _ts(minute: int) -> str:
+    return f"2022-05-01T09:{minute:02d}:00Z"
 
-        def run(i):
-            out[i] = list(tasks[i].rows(roots[i]))
 
-        threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        reads = [q for q in source.queries if q[0] == "child_token_4"]
-        assert len(reads) == 1, f"interleaving {attempt}: read {len(reads)} times"
-        assert reads[0][1] == T_MERGE
-        assert {"child_token_2", "child_token_3"} <= reads[0][2]
+def test_row_budget_stops_at_a_timestamp_and_the_next_wave_continues_right_after(tmp_path):
+    """With ``max_rows`` a task stops each read at its next new timestamp (every row of the
+    last one passed on), marks it ``open`` there, starts nothing new; the cache's frontier
+    continues it right after, and the two waves together hold every record exactly once."""
+    long = [_heartbeat(_ts(m)) for m in (10, 10, 20, 30, 40, 50)]
+    served = {"p": long}
+
+    def read(token, start_ns):
+        for record in served[token]:
+            row = from_change_record(record, token)
+            if row["ts_ns"] >= start_ns:
+                yield row
+        yield partition_end(token, "open", END, read_from=start_ns)
+
+    first = list(_Workflow(read, 1, True, max_rows=1).rows([("p", T0)]))
+    ends = [r for r in first if r["kind"] == "partition_end"]
+    assert len(ends) == 1 and '"stopped":"budget"' in ends[0]["extra"].replace(" ", "")
+    # Both rows of 09:10 were passed on before stopping (a timestamp is never split).
+    assert [r["ts_ns"] for r in first if r["kind"] == "heartbeat"] == [parse_ns(_ts(10))] * 2
+    assert ends[0]["ts_ns"] == parse_ns(_ts(10))
+
+    cache = Cache(tmp_path / "c.duckdb")
+    cache.ensure_stream("s", system="spanner")
+    pull = cache.begin_pull("s", "test", T0, END, 10_000)
+    cache.ingest("s", pull, pa.Table.from_batches([to_arrow_batch(first)]))
+    assert cache.frontier("s", END) == [("p", parse_ns(_ts(10)) + 1)]
+    second = list(_Workflow(read, 1, True).rows(cache.frontier("s", END)))
+    assert [r["ts_ns"] for r in second if r["kind"] == "heartbeat"] == [
+        parse_ns(_ts(m)) for m in (20, 30, 40, 50)]
+    cache.close()

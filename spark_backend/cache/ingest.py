@@ -6,6 +6,7 @@ identity, and merged into the tables: new records are inserted, known ones are n
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -422,3 +423,54 @@ def _quarantine(con, stream, pull_id) -> int:
             {"stream": stream, "pull": pull_id},
         )
     return int(count)
+
+
+def ingest_stream(
+    cache: Any,
+    stream: str,
+    pull_id: int | None,
+    batches: Iterable[Any],
+    *,
+    chunk_rows: int = 50_000,
+    on_chunk: Callable[[Any], None] | None = None,
+    extra_sql: Callable[[], list[tuple[str, list[Any]]]] | None = None,
+) -> IngestStats:
+    """Land a stream of Arrow record batches (``records.RECORD_FIELDS``) in ONE transaction,
+    ``chunk_rows`` at a time: memory holds one chunk, never the whole stream.
+
+    ``on_chunk(table)`` sees each chunk after it landed (progress); ``extra_sql()`` gives
+    statements run at the end in the same transaction (e.g. counting the pull's records).
+    """
+    import pyarrow as pa
+
+    stats = IngestStats()
+    pending: list[Any] = []
+    size = 0
+
+    def land() -> None:
+        nonlocal pending, size
+        table = pa.Table.from_batches(pending)
+        pending, size = [], 0
+        part = ingest_batch(cache.con, stream, pull_id, table,
+                            count_existing_as_duplicates=False)
+        for name in vars(stats):
+            setattr(stats, name, getattr(stats, name) + getattr(part, name))
+        if on_chunk is not None:
+            on_chunk(table)
+
+    with cache.transaction():
+        begin_ingest(cache.con)
+        for batch in batches:
+            if batch.num_rows == 0:
+                continue
+            pending.append(batch)
+            size += batch.num_rows
+            if size >= chunk_rows:
+                land()
+        if pending:
+            land()
+        end_ingest(cache.con)
+        for sql, params in (extra_sql() if extra_sql else []):
+            cache.con.execute(sql, params)
+        cache._bump()
+    return stats

@@ -412,6 +412,7 @@ class DemoServer:
         max_chunk_chars: int = 1024,
         max_workers: int = 64,
         port: int = 0,
+        remembered_queries: int = 32,
     ):
         dialect = dialect.lower()
         if dialect in ("postgres", "pg"):
@@ -438,6 +439,7 @@ class DemoServer:
         self._session_seq = 0
         self._txn_seq = 0
         self._seq_cache: OrderedDict[bytes, _LazySeq] = OrderedDict()
+        self._remembered = max(1, remembered_queries)  # encoded queries kept for re-reads
         self._counters = {
             "queries": 0,  # change stream query attempts (incl. resumed ones)
             "resumed": 0,  # attempts that carried a resume token
@@ -852,7 +854,7 @@ class DemoServer:
             if seq is None:
                 seq = _LazySeq(self._responses(rows, qkey))
             self._seq_cache[qkey] = seq
-            while len(self._seq_cache) > 32:
+            while len(self._seq_cache) > self._remembered:
                 self._seq_cache.popitem(last=False)
         idx = skip
         while True:

@@ -14,14 +14,9 @@ import contextlib
 import dataclasses
 import json
 import os
-import shutil
-import tempfile
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
-from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from spark_backend.cache.store import Cache
@@ -65,7 +60,8 @@ class PullRequest:
     demo_host: str | None = None         # an already running demo server (the dashboard's)
     emulator_seconds: float = 20.0
     max_attempts: int = 6
-    threads_per_task: int = 8
+    threads_per_task: int = 32          # partitions a task reads at once (they mostly wait)
+    max_rows_per_task: int = 50_000     # bounds what one task hands to the driver
 
 
 @dataclass
@@ -145,11 +141,17 @@ def _open_source(request: PullRequest) -> Iterator[_Source]:
         from spark_backend.demo.server import DemoServer
         from spark_backend.demo.world import DEMO_STREAM, build_world
 
-        world = build_world(seed=request.demo_seed, scale=request.demo_scale)
         server = None
         if request.demo_host:
+            world = build_world(seed=request.demo_seed, scale=request.demo_scale)
             host = request.demo_host
+        elif not request.demo_faults and request.demo_scale <= 1.0:
+            # Kept for the process: the next pull of the same world skips building and
+            # encoding it again (the dashboard pulls again and again).
+            world, host = _warm_demo(request.demo_seed, request.demo_scale,
+                                     request.dialect or "googlesql")
         else:
+            world = build_world(seed=request.demo_seed, scale=request.demo_scale)
             server = DemoServer(world, dialect=request.dialect or "googlesql",
                                 **request.demo_faults)
             host = server.start()
@@ -190,6 +192,29 @@ def _open_source(request: PullRequest) -> Iterator[_Source]:
     yield _Source(target, request.source_stream, None, None, target.path)
 
 
+_demo_servers: dict[tuple, tuple[Any, Any]] = {}
+
+
+def _warm_demo(seed: int, scale: float, dialect: str) -> tuple[Any, str]:
+    """A demo server for this process, one per (seed, scale, dialect), remembering every
+    encoded query; stopped when the process exits."""
+    import atexit
+
+    from spark_backend.demo.server import DemoServer
+    from spark_backend.demo.world import build_world
+
+    key = (seed, scale, dialect)
+    if key not in _demo_servers:
+        world = build_world(seed=seed, scale=scale)
+        server = DemoServer(world, dialect=dialect,
+                            remembered_queries=2 * len(world.partitions) + 8)
+        server.start()
+        atexit.register(server.stop)
+        _demo_servers[key] = (world, server)
+    world, server = _demo_servers[key]
+    return world, server.address
+
+
 # --- the wave loop ---------------------------------------------------------------------------
 
 
@@ -208,82 +233,189 @@ def _initial_query(cache, stream, pull_id, src, request, start_ns, end_ns) -> in
     return stats.child_partitions
 
 
-def _read_wave(spark, src, request, parts, end_ns, staging: Path,
-               on_progress: Callable[[int, int], None]) -> Any:
-    """Run one Spark job over the wave's partitions; returns what to ingest.
+@dataclass
+class _Wave:
+    """What one wave's results said, counted as they land."""
 
-    The job runs in a helper thread while this thread relays the tasks' progress notes to
-    ``on_progress(partitions_done, records)`` (so a UI callback stays on its own thread).
+    number: int
+    records: int = 0                 # data change, heartbeat and child partitions rows
+    ended: int = 0                   # partitions read to their end or to the range end
+    failed: list[tuple[str, str]] = field(default_factory=list)
+
+    def count(self, table: Any) -> None:
+        import pyarrow.compute as pc
+
+        kinds = table.column("kind")
+        self.records += int(pc.sum(pc.is_in(kinds, value_set=_record_kinds())).as_py() or 0)
+        ends = table.filter(pc.equal(kinds, "partition_end"))
+        for token, extra in zip(ends.column("partition_token").to_pylist(),
+                                ends.column("extra").to_pylist(), strict=True):
+            detail = json.loads(extra or "{}")
+            if detail.get("stopped") == "budget":
+                continue  # read on in the next wave
+            self.ended += 1
+            if detail.get("state") == PartitionState.INCOMPLETE:
+                self.failed.append((token, detail.get("error") or "unknown error"))
+
+
+_JOB_DONE = object()
+
+
+class _Jobs:
+    """Spark jobs reading partitions, their results streamed back through Spark.
+
+    A job is started as soon as partitions become readable (the first ones; a merge child once
+    the tasks that read its parents landed; a partition a task left open for its row budget),
+    while earlier jobs still run: no wave waits for its slowest task. Every task ends its
+    results with a marker row; everything a task returned lands in ONE transaction when its
+    marker arrives, so the cache only ever holds whole task results (a crash loses at most the
+    tasks in flight, which the next pull reads again).
     """
-    from spark_backend.spark.session import is_remote
 
-    remote = is_remote(spark)
-    progress_dir = staging.parent / f"{staging.name}-progress"
-    if not remote:
-        progress_dir.mkdir(parents=True, exist_ok=True)
-    options = {
-        "project": src.target.project, "instance": src.target.instance,
-        "database": src.target.database, "dialect": src.target.dialect,
-        "host": src.target.host or "", "stream": src.source_stream,
-        "heartbeat_ms": str(request.heartbeat_ms), "end_ns": str(end_ns),
-        "max_attempts": str(request.max_attempts),
-        "tasks": str(_task_slots(spark)), "threads": str(request.threads_per_task),
-        "progress_dir": "" if remote else str(progress_dir),
-        "coord_dir": "" if remote else str(staging.parent / "coordination"),
-        "partitions": json.dumps([{"token": t, "start_ns": s} for t, s in parts]),
-    }
-    df = spark.read.format("spanner_change_stream").options(**options).load()
+    def __init__(self, spark, src, request, end_ns):
+        import queue
 
-    def run() -> Any:
-        if remote:
-            return df.toArrow()  # Spark Connect: the cluster cannot write into our folder
-        # Files of at most 100k rows: the cache lands them one by one in bounded memory.
-        df.write.mode("overwrite").option("maxRecordsPerFile", 100_000).parquet(str(staging))
-        return str(staging / "*.parquet")
+        from spark_backend.spark.session import task_slots
 
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        job = pool.submit(run)
+        self.spark, self.src, self.request, self.end_ns = spark, src, request, end_ns
+        self.slots = task_slots(spark)
+        self.results: queue.Queue = queue.Queue(maxsize=8)  # bounded: back-pressure to Spark
+        self.running: dict[int, set[str]] = {}
+        self.started = 0
+
+    def reading(self) -> set[str]:
+        return set().union(*self.running.values()) if self.running else set()
+
+    def start(self, parts: list[tuple[str, int]]) -> None:
+        import threading
+
+        self.started += 1
+        number = self.started
+        self.running[number] = {token for token, _ in parts}
+        options = {
+            "project": self.src.target.project, "instance": self.src.target.instance,
+            "database": self.src.target.database, "dialect": self.src.target.dialect,
+            "host": self.src.target.host or "", "stream": self.src.source_stream,
+            "heartbeat_ms": str(self.request.heartbeat_ms), "end_ns": str(self.end_ns),
+            "max_attempts": str(self.request.max_attempts),
+            "tasks": str(self.slots), "threads": str(self.request.threads_per_task),
+            "max_rows": str(self.request.max_rows_per_task), "task_markers": "true",
+            "partitions": json.dumps([{"token": t, "start_ns": s} for t, s in parts]),
+        }
+        threading.Thread(target=self._run, args=(number, options), daemon=True,
+                         name=f"pull-job-{number}").start()
+
+    def _run(self, number: int, options: dict) -> None:
+        from spark_backend.spark.session import arrow_batches
+
         try:
-            while True:
-                try:
-                    return job.result(timeout=0.5)
-                except FutureTimeout:
-                    on_progress(*_task_progress(progress_dir))
-        except BaseException:
-            if not job.done():
-                with contextlib.suppress(Exception):
-                    spark.sparkContext.cancelAllJobs()
-            raise
-        finally:
-            shutil.rmtree(progress_dir, ignore_errors=True)
+            df = self.spark.read.format("spanner_change_stream").options(**options).load()
+            for batch in arrow_batches(self.spark, df):
+                self.results.put((number, batch))
+            self.results.put((number, _JOB_DONE))
+        except BaseException as e:
+            self.results.put((number, e))
+
+    def cancel(self) -> None:
+        from spark_backend.spark.session import is_remote
+
+        if not is_remote(self.spark):
+            with contextlib.suppress(Exception):
+                self.spark.sparkContext.cancelAllJobs()
+        else:
+            with contextlib.suppress(Exception):
+                self.spark.interruptAll()
 
 
-def _task_progress(progress_dir: Path) -> tuple[int, int]:
-    partitions = records = 0
-    for note in progress_dir.glob("task-*.json"):
-        with contextlib.suppress(OSError, ValueError):
-            data = json.loads(note.read_text())
-            partitions += int(data["partitions"])
-            records += int(data["records"])
-    return partitions, records
+def _task_ends(batch: Any) -> tuple[Any, bool]:
+    """(the batch without task-end markers, whether it held one)."""
+    import pyarrow.compute as pc
+
+    marker = pc.and_(pc.equal(batch.column("kind"), "partition_end"),
+                     pc.is_null(batch.column("partition_token")))
+    if not pc.any(marker).as_py():
+        return batch, False
+    return batch.filter(pc.invert(marker)), True
 
 
-def _task_slots(spark) -> int:
+def _read_all(spark, cache, stream, pull_id, src, request, parts, end_ns, report,
+              result) -> list[tuple[str, str]]:
+    """Read ``parts`` and every partition they lead to; returns [(partition, error)] of the
+    partitions that failed (everything that does not depend on them is read)."""
+    from spark_backend.cache.ingest import ingest_stream
+    from spark_backend.spark.session import SparkUnavailable, one_line, spark_log_path
+
+    jobs = _Jobs(spark, src, request, end_ns)
+    total = _Wave(0)
+    failures: list[tuple[str, str]] = []
+    pending: list[Any] = []
+
+    def launch(readable: list[tuple[str, int]]) -> None:
+        jobs.start(readable)
+        result.waves = jobs.started
+        report(PullProgress(jobs.started, total.ended, cache.partition_count(stream),
+                            result.records, f"job {jobs.started}: reading {len(readable)} "
+                            "partitions and the children they lead to"))
+
+    def land() -> None:
+        nonlocal pending
+        batches, pending = pending, []
+        before = total.records
+        ingest_stream(cache, stream, pull_id, batches, on_chunk=total.count,
+                      extra_sql=lambda: [("UPDATE pulls SET records = records + ?, waves = ? "
+                                          "WHERE pull_id = ?",
+                                          [total.records - before, jobs.started, pull_id])])
+        result.records += total.records - before
+        result.partitions_read = total.ended
+        failures[:] = total.failed
+        report(PullProgress(jobs.started, total.ended, cache.partition_count(stream),
+                            result.records, "landed"))
+
+    def readable() -> list[tuple[str, int]]:
+        busy = jobs.reading() | {token for token, _ in failures}
+        return [p for p in cache.frontier(stream, end_ns) if p[0] not in busy]
+
+    launch(parts)
     try:
-        return max(1, int(spark.sparkContext.defaultParallelism))
-    except Exception:  # Spark Connect has no SparkContext
-        return 4
+        while jobs.running:
+            number, item = jobs.results.get()
+            if item is _JOB_DONE:
+                del jobs.running[number]
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                batch, task_ended = _task_ends(item)
+                if batch.num_rows:
+                    pending.append(batch)
+                if not task_ended:
+                    continue
+                arrived = sum(b.num_rows for b in pending)
+                report(PullProgress(jobs.started, total.ended, cache.partition_count(stream),
+                                    result.records + arrived, f"job {number}: reading"))
+                land()
+            more = readable()
+            if more:
+                launch(more)
+    except InspectorError:
+        jobs.cancel()
+        raise
+    except BaseException as e:
+        jobs.cancel()
+        if isinstance(e, KeyboardInterrupt | SystemExit):
+            raise
+        raise SparkUnavailable(
+            f"A Spark job of the pull failed ({one_line(e)}); every task that finished before "
+            f"is kept, pull again to resume; Spark's log is {spark_log_path()}."
+        ) from e
+    return failures
 
 
-def _wave_outcome(cache: Cache, batch: Any) -> tuple[int, int, list[tuple[str, str]]]:
-    """(record rows, partitions read, [(partition, error)] of those that ended incomplete)."""
-    total, ended = cache.scan(
-        batch, "SELECT count(*) FILTER (WHERE kind IN ('data_change', 'heartbeat', "
-               "'child_partitions')), count(*) FILTER (WHERE kind = 'partition_end') FROM b")[0]
-    failed = cache.scan(
-        batch, "SELECT partition_token, extra ->> 'error' FROM b WHERE kind = 'partition_end' "
-               "AND (extra ->> 'state') = 'incomplete' ORDER BY partition_token")
-    return int(total), int(ended), [(t, e) for t, e in failed]
+def _record_kinds():
+    import pyarrow as pa
+
+    return pa.array(["data_change", "heartbeat", "child_partitions"])
+
+
 
 
 def start_spark(master: str | None = None, remote: str | None = None) -> Any:
@@ -403,42 +535,9 @@ def _run_waves(
     if not parts and has_partitions:
         result.status = "nothing-to-do"
         return
-    staging_root = Path(tempfile.mkdtemp(prefix="csi-pull-", dir=cache.path.parent))
-    done = 0
-    failures: list[tuple[str, str]] = []
-    try:
-        while parts:
-            result.waves += 1
-            known = cache.partition_count(stream)
-            report(PullProgress(result.waves, done, max(known, done + len(parts)), result.records,
-                                f"wave {result.waves}: reading {len(parts)} partitions and "
-                                "the children they lead to"))
-            staging = staging_root / f"wave-{result.waves}"
-            wave, base_done, base_records = result.waves, done, result.records
-
-            def live(partitions: int, records: int) -> None:
-                report(PullProgress(wave, base_done + partitions,
-                                    max(known, base_done + partitions), base_records + records,
-                                    f"wave {wave}: reading"))
-
-            batch = _read_wave(spark, src, request, parts, end_ns, staging, live)
-            rows, ended, failed = _wave_outcome(cache, batch)
-            cache.ingest(stream, pull_id, batch, extra_sql=[(
-                "UPDATE pulls SET records = records + ?, waves = ? WHERE pull_id = ?",
-                [rows, result.waves, pull_id])])
-            shutil.rmtree(staging, ignore_errors=True)
-            done += ended
-            result.records += rows
-            result.partitions_read = done
-            report(PullProgress(result.waves, done, cache.partition_count(stream),
-                                result.records, f"wave {result.waves} landed"))
-            failures.extend(failed)
-            # Go on with every branch that does not depend on a failed partition.
-            given_up = {token for token, _ in failures}
-            parts = [p for p in cache.frontier(stream, end_ns) if p[0] not in given_up]
-        if failures:
-            raise PullFailed(_failure_message(failures, cache.partition_states(stream)),
-                             partition=failures[0][0])
-        result.status = "complete"
-    finally:
-        shutil.rmtree(staging_root, ignore_errors=True)
+    failures = _read_all(spark, cache, stream, pull_id, src, request, parts, end_ns, report,
+                         result)
+    if failures:
+        raise PullFailed(_failure_message(failures, cache.partition_states(stream)),
+                         partition=failures[0][0])
+    result.status = "complete"

@@ -47,8 +47,14 @@ class SpannerChangeStreamDataSource(DataSource):
     end_ns, partitions (JSON list of {"token", "start_ns"}), max_attempts, tasks (how many
     input partitions; default one per change stream partition), threads (partitions a task
     reads at the same time, default 8), follow_children ("true": a task goes on with the
-    children it can read itself), coord_dir (a folder all tasks see, to hand merge children
-    to each other), progress_dir (where tasks note their progress for the driver)."""
+    children it can read itself), max_rows (a task stops its reads at the next timestamp
+    after this many rows, leaving them ``open`` for the next wave: bounds what a task hands
+    to the driver), task_markers ("true": each task ends with a ``partition_end`` row without
+    a partition, so the driver knows it has all of a task's rows), warm_up (N: N tasks that
+    only import the reader; no rows).
+
+    Nothing is written anywhere: rows (and each partition's end row, the progress) travel to
+    the driver as the job's results."""
 
     @classmethod
     def name(cls) -> str:
@@ -85,16 +91,19 @@ class SpannerChangeStreamDataSourceReader(DataSourceReader):
             raise ValueError(
                 'Option "partitions" must be a JSON list of {"token": ..., "start_ns": ...}.'
             ) from e
-        self.tasks = int(options.get("tasks", "0")) or len(self.parts)
+        self.tasks = int(options.get("tasks", "0")) or max(1, len(self.parts))
         self.threads = int(options.get("threads", "8"))
         self.follow = options.get("follow_children", "true").lower() == "true"
-        self.progress_dir = options.get("progress_dir") or None
-        self.coord_dir = options.get("coord_dir") or None
+        self.max_rows = int(options.get("max_rows", "0")) or None
+        self.warm_up = int(options.get("warm_up", "0"))
+        self.task_markers = options.get("task_markers", "false").lower() == "true"
         if self.tasks < 1 or self.threads < 1:
             raise ValueError('Options "tasks" and "threads" must be positive integers.')
         SpannerTarget(self.project, self.instance, self.database, self.dialect, self.host)
 
     def partitions(self) -> list[ChangeStreamPartition]:
+        if self.warm_up:
+            return [ChangeStreamPartition(i, []) for i in range(self.warm_up)]
         groups: list[list[tuple[str, int]]] = [[] for _ in range(min(self.tasks, len(self.parts)))]
         for i, part in enumerate(self.parts):
             groups[i % len(groups)].append(part)
@@ -102,54 +111,27 @@ class SpannerChangeStreamDataSourceReader(DataSourceReader):
 
     def read(self, partition: ChangeStreamPartition):
         from spark_backend.model import config
-        from spark_backend.model.records import batched, to_arrow_batch
+        from spark_backend.model.records import batched, partition_end, to_arrow_batch
         from spark_backend.spanner.connect import SpannerTarget, open_database
         from spark_backend.spanner.workflow import read_partitions
 
         config.quiet_local_client_env()
+        if not partition.parts:  # warm-up: importing what a read needs is the work
+            import google.cloud.spanner_v1.streamed  # noqa: F401
+            import pyarrow  # noqa: F401
+            return
         target = SpannerTarget(self.project, self.instance, self.database, self.dialect, self.host)
         database = open_database(target)
         rows = read_partitions(
             database, self.dialect, self.stream, [tuple(p) for p in partition.parts],
             self.end_ns, self.heartbeat_ms, threads=self.threads,
             follow_children=self.follow, max_attempts=self.max_attempts,
-            coord_dir=self.coord_dir,
+            max_rows=self.max_rows,
         )
-        counted = _count_progress(rows, self.progress_dir, partition.index)
-        for batch in batched(counted, BATCH_ROWS):
+        for batch in batched(rows, BATCH_ROWS):
             yield to_arrow_batch(batch)
-
-
-def _count_progress(rows, progress_dir: str | None, index: int):
-    """Pass rows through; about once a second note how far this task is in a small file the
-    driver reads to show live progress (local masters only: a cluster has no shared folder)."""
-    if not progress_dir:
-        yield from rows
-        return
-    import os
-    import time
-
-    path = os.path.join(progress_dir, f"task-{index}.json")
-    records = partitions = 0
-    last = 0.0
-
-    def note():
-        tmp = f"{path}.tmp"
-        with open(tmp, "w") as f:
-            json.dump({"records": records, "partitions": partitions}, f)
-        os.replace(tmp, path)
-
-    for row in rows:
-        if row["kind"] == "partition_end":
-            partitions += 1
-        else:
-            records += 1
-        now = time.monotonic()
-        if now - last > 1.0:
-            note()
-            last = now
-        yield row
-    note()
+        if self.task_markers:  # the driver lands a task's rows once it saw all of them
+            yield to_arrow_batch([partition_end(None, "task_done", None, task=partition.index)])
 
 
 class ChangeFilesDataSource(DataSource):

@@ -1,14 +1,99 @@
-"""The Spark session: local by default, any master or a Spark Connect endpoint on request."""
+"""The Spark session: local by default, any master or a Spark Connect endpoint on request.
+
+Spark never writes on the terminal: the JVM (launcher, log4j, Python workers of a local master)
+writes into a log file, one per process, whose path every Spark error message names.
+Results come back through Spark itself (:func:`arrow_batches`): the executors share nothing with
+the driver but the network, so the same code runs on ``local[*]``, a ``spark://`` master,
+YARN/Kubernetes and Spark Connect.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
+import re
+import socket
 import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 from spark_backend.model import config
+from spark_backend.model.errors import BadInput, InspectorError
 
 _lock = threading.Lock()
 _registered: set[int] = set()
+_warm: set[int] = set()
+_log_path: Path | None = None
+
+LOG_ENVVAR = "CSI_SPARK_LOG"  # where Spark's own output goes (default: under the cache folder)
+_MASTER_RE = re.compile(
+    r"^(local(\[(\*|\d+)(,\d+)?\])?|local-cluster\[\d+,\d+,\d+\]|spark://[^\s/]+:\d+"
+    r"(,[^\s/]+:\d+)*|yarn|k8s://\S+)$"
+)
+_REMOTE_RE = re.compile(r"^sc://(?P<host>\[[0-9a-fA-F:]+\]|[^\s:/;]+)(:(?P<port>\d+))?/?(;\S*)?$")
+
+
+class SparkUnavailable(InspectorError):
+    """Spark did not start, or a Spark job failed for a reason outside the project."""
+
+
+def spark_log_path() -> Path:
+    """The file this process's Spark output goes to (created on first use)."""
+    global _log_path
+    if _log_path is None:
+        chosen = os.environ.get(LOG_ENVVAR)
+        if chosen:
+            path = Path(chosen)
+        else:
+            stamp = time.strftime("%Y%m%d-%H%M%S")
+            path = config.DEFAULT_CACHE.parent / "logs" / f"spark-{stamp}-{os.getpid()}.log"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _log_path = path
+    return _log_path
+
+
+def _python_logs_to_file() -> None:
+    """py4j and pyspark log through Python's logging: into the same file, not the terminal."""
+    handler = logging.FileHandler(spark_log_path())
+    handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+    for name in ("py4j", "pyspark"):
+        logger = logging.getLogger(name)
+        if not any(isinstance(h, logging.FileHandler) for h in logger.handlers):
+            logger.addHandler(handler)
+        logger.propagate = False
+
+
+def validate_master(master: str) -> str:
+    if not _MASTER_RE.match(master):
+        raise BadInput(
+            f"--spark-master {master!r} is not a Spark master URL; accepted are local[*], "
+            "local[N], spark://HOST:PORT, yarn and k8s://https://HOST:PORT.",
+            field="spark_master",
+        )
+    return master
+
+
+def validate_remote(remote: str) -> tuple[str, int]:
+    m = _REMOTE_RE.match(remote)
+    if not m:
+        raise BadInput(
+            f"--spark-remote {remote!r} is not a Spark Connect URL; accepted is "
+            "sc://HOST[:PORT] (default port 15002).", field="spark_remote",
+        )
+    return m.group("host").strip("[]"), int(m.group("port") or 15002)
+
+
+def one_line(error: BaseException) -> str:
+    """The first meaningful line of a Spark/py4j error (never a stack trace)."""
+    text = str(error)
+    for line in text.splitlines():
+        line = line.strip()
+        if line and not line.startswith(("at ", "Traceback", "File ", "JVM stacktrace")):
+            return line[:300]
+    return type(error).__name__
 
 
 def spark_session(master: str | None = None, remote: str | None = None):
@@ -16,66 +101,183 @@ def spark_session(master: str | None = None, remote: str | None = None):
 
     ``remote`` (or env SPARK_REMOTE) selects Spark Connect (``sc://host:15002``); otherwise
     ``master`` (or env CSI_SPARK_MASTER), default ``local[*]``, bound to 127.0.0.1.
+    Raises ``BadInput`` for a malformed URL and ``SparkUnavailable`` (one sentence naming the
+    log file) when Spark does not start.
     """
     config.quiet_local_client_env()
-    from pyspark.sql import SparkSession
-
     remote = remote or os.environ.get(config.SPARK_REMOTE_ENVVAR)
+    master = master or os.environ.get(config.SPARK_MASTER_ENVVAR) or "local[*]"
     with _lock:
+        _python_logs_to_file()
         if remote:
-            spark = SparkSession.builder.remote(remote).getOrCreate()
+            spark = _connect_session(remote)
         else:
-            master = master or os.environ.get(config.SPARK_MASTER_ENVVAR) or "local[*]"
-            spark = (
-                SparkSession.builder.master(master)
-                .appName("changestream-inspector")
-                .config("spark.driver.host", "127.0.0.1")
-                .config("spark.driver.bindAddress", "127.0.0.1")
-                .config("spark.ui.enabled", "false")
-                .config("spark.ui.showConsoleProgress", "false")
-                .config("spark.sql.shuffle.partitions", "4")
-                .config("spark.python.worker.reuse", "true")
-                .config("spark.sql.execution.arrow.pyspark.enabled", "true")
-                .config("spark.driver.memory", "2g")
-                .getOrCreate()
-            )
-            spark.sparkContext.setLogLevel("ERROR")
+            spark = _classic_session(validate_master(master))
         if id(spark) not in _registered:
             from spark_backend.spark.datasource import (
                 ChangeFilesDataSource,
                 SpannerChangeStreamDataSource,
             )
 
-            spark.dataSource.register(SpannerChangeStreamDataSource)
-            spark.dataSource.register(ChangeFilesDataSource)
+            try:
+                spark.dataSource.register(SpannerChangeStreamDataSource)
+                spark.dataSource.register(ChangeFilesDataSource)
+            except Exception as e:
+                raise SparkUnavailable(
+                    f"Spark started but refused the project's data sources ({one_line(e)}); "
+                    f"Spark's log is {spark_log_path()}."
+                ) from e
             _registered.add(id(spark))
     return spark
 
 
-_warm: set[int] = set()
+def _connect_session(remote: str):
+    from pyspark.sql import SparkSession
+
+    host, port = validate_remote(remote)
+    try:  # the Connect client retries for minutes against nothing: ask once, quickly
+        socket.create_connection((host, port), timeout=3).close()
+    except OSError as e:
+        raise SparkUnavailable(
+            f"No Spark Connect server answers at {remote} ({e.strerror or e}); start one "
+            "(README, 'Spark Connect') or leave out --spark-remote to use local Spark."
+        ) from e
+    try:
+        return SparkSession.builder.remote(remote).getOrCreate()
+    except Exception as e:
+        raise SparkUnavailable(
+            f"Spark Connect at {remote} did not accept a session ({one_line(e)})."
+        ) from e
+
+
+def _classic_session(master: str):
+    from pyspark import SparkConf, SparkContext
+    from pyspark.java_gateway import launch_gateway
+    from pyspark.sql import SparkSession
+
+    active = SparkContext._active_spark_context
+    if active is not None:
+        return SparkSession.builder.getOrCreate()
+    _check_standalone_master(master)
+    conf = (
+        SparkConf()
+        .setMaster(master)
+        .setAppName("changestream-inspector")
+        .set("spark.driver.host", os.environ.get("SPARK_LOCAL_IP", "127.0.0.1"))
+        .set("spark.driver.bindAddress", os.environ.get("SPARK_LOCAL_IP", "127.0.0.1"))
+        .set("spark.ui.enabled", "false")
+        .set("spark.ui.showConsoleProgress", "false")
+        .set("spark.sql.shuffle.partitions", "4")
+        .set("spark.python.worker.reuse", "true")
+        .set("spark.sql.execution.arrow.pyspark.enabled", "true")
+        .set("spark.driver.memory", "512m")  # results stream through: a small heap will do
+        .set("spark.executor.memory", "1g")
+    )
+    log = open(spark_log_path(), "ab")  # the JVM keeps its own descriptor
+    sc = None
+    try:
+        gateway = launch_gateway(conf, popen_kwargs={"stdout": log, "stderr": log})
+        sc = SparkContext(gateway=gateway, conf=conf)
+        sc.setLogLevel("WARN")
+        return SparkSession(sc)
+    except Exception as e:
+        if sc is not None:
+            with contextlib.suppress(Exception):
+                sc.stop()
+        raise SparkUnavailable(
+            f"Spark did not start with master {master} ({one_line(e)}); Spark's log is "
+            f"{spark_log_path()}."
+        ) from e
+    finally:
+        log.close()
+
+
+def _check_standalone_master(master: str) -> None:
+    """A standalone master that does not answer: say so at once (Spark retries for a minute)."""
+    if not master.startswith("spark://"):
+        return
+    for address in master[len("spark://"):].split(","):
+        host, _, port = address.rpartition(":")
+        try:
+            socket.create_connection((host, int(port)), timeout=3).close()
+            return
+        except OSError:
+            continue
+    raise SparkUnavailable(
+        f"No Spark master answers at {master}; start one (README, 'Running on a cluster') or "
+        "leave out --spark-master to use local Spark."
+    )
 
 
 def warm_up(spark) -> None:
-    """Start the Python workers and import the reader in them once per session.
+    """Start the Python workers (planning and executors) and import the reader in them.
 
-    The first Spark job of a session pays for starting workers and importing the Spanner
+    The first job of a session pays for starting Python workers and importing the Spanner
     client (seconds); paying it here, e.g. while a dashboard starts, keeps it out of a pull.
     """
-    if is_remote(spark) or id(spark) in _warm:
+    if id(spark) in _warm:
         return
-    slots = max(1, int(spark.sparkContext.defaultParallelism))
-
-    def load(rows):
-        import google.cloud.spanner  # noqa: F401
-        import pyarrow  # noqa: F401
-
-        import spark_backend.spanner.workflow  # noqa: F401
-
-        yield sum(1 for _ in rows)
-
-    spark.sparkContext.parallelize(range(slots), slots).mapPartitions(load).collect()
+    df = spark.read.format("spanner_change_stream").options(
+        project="warm-up", instance="warm-up", database="warm-up", stream="WarmUp",
+        heartbeat_ms="10000", end_ns="0", partitions="[]", warm_up=str(task_slots(spark)),
+    ).load()
+    for _ in arrow_batches(spark, df):
+        pass
     _warm.add(id(spark))
+
+
+def task_slots(spark) -> int:
+    """How many tasks the cluster runs at once (Connect: from the server's conf, else 4)."""
+    if is_remote(spark):
+        try:
+            configured = spark.conf.get("spark.default.parallelism", None)
+            if configured:
+                return max(1, int(configured))
+            m = re.match(r"local\[(\d+|\*)", spark.conf.get("spark.master", "") or "")
+            if m:
+                return int(m.group(1)) if m.group(1) != "*" else (os.cpu_count() or 2)
+        except Exception:
+            pass
+        return 4
+    return max(1, int(spark.sparkContext.defaultParallelism))
 
 
 def is_remote(spark) -> bool:
     return type(spark).__module__.startswith("pyspark.sql.connect")
+
+
+def arrow_batches(spark, df) -> Iterator[Any]:
+    """The DataFrame's rows as Arrow record batches, streamed to the driver through Spark as
+    the tasks finish (in no particular order); the driver holds one batch at a time."""
+    if is_remote(spark):
+        yield from _connect_batches(spark, df)
+    else:
+        yield from _classic_batches(df)
+
+
+def _classic_batches(df) -> Iterator[Any]:
+    import pyarrow as pa
+    from pyspark.serializers import UTF8Deserializer, read_int
+    from pyspark.util import _create_local_socket
+
+    port, secret, server = df._jdf.collectAsArrowToPython()
+    sockfile, sock = _create_local_socket((port, secret))
+    try:
+        yield from pa.ipc.open_stream(sockfile)
+        # Then the JVM sends the batches' partition order (unused), or -1 and an error.
+        if read_int(sockfile) == -1:
+            raise SparkUnavailable(f"The Spark job failed: {UTF8Deserializer().loads(sockfile)}")
+    finally:
+        sockfile.close()
+        sock.close()
+        server.getResult()  # raises the job's own error, if any
+
+
+def _connect_batches(spark, df) -> Iterator[Any]:
+    import pyarrow as pa
+
+    client = spark.client
+    plan = df._plan.to_proto(client)
+    for item in client.to_table_as_iterator(plan, df._plan.observations):
+        if isinstance(item, pa.Table):
+            yield from item.to_batches()

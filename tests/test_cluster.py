@@ -1,0 +1,138 @@
+"""The pull on a Spark standalone cluster whose executors share nothing with the driver.
+
+A master and two workers are started from the installed pyspark; each worker runs under
+``unshare -m`` with a private tmpfs over /tmp and over the cache's folder, so a job that
+touched a driver path would fail. The demo world pulled through it must equal the ground truth,
+and nothing of Spark's reaches the terminal. Needs root (private mounts): on CI (CI=true) a
+missing capability fails the run, elsewhere the tests skip with the reason.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from spark_backend.cache.store import Cache
+from spark_backend.demo.world import build_world
+from tests.support.cluster import standalone_cluster, unshare_missing
+from tests.test_pull_demo import assert_equals_world
+
+ROOT = Path(__file__).resolve().parent.parent
+SPARK_NOISE = ("WARN", "INFO", "ERROR", "Exception", "\tat ", "log4j", "SLF4J", "Traceback",
+               "py4j", "NativeCodeLoader", "Setting default log level")
+
+
+def _require_private_mounts() -> None:
+    reason = unshare_missing()
+    if reason is None:
+        return
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(f"the cluster test cannot isolate its workers on CI: {reason}")
+    pytest.skip(f"the cluster test needs workers with private mounts: {reason}")
+
+
+def cli(*args: str, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+    full = dict(os.environ)
+    full.pop("SPARK_REMOTE", None)
+    full.update(env or {})
+    return subprocess.run([sys.executable, "-m", "spark_backend", *args], cwd=ROOT, env=full,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def assert_no_spark_output(out: subprocess.CompletedProcess) -> None:
+    text = out.stdout + out.stderr
+    noisy = [line for line in text.splitlines() if any(n in line for n in SPARK_NOISE)]
+    assert not noisy, noisy[:5]
+
+
+_PROBE = """
+import json, sys
+from pyspark.sql import SparkSession
+spark = (SparkSession.builder.master(sys.argv[1]).config("spark.ui.enabled", "false")
+         .config("spark.driver.host", "127.0.0.1").getOrCreate())
+spark.sparkContext.setLogLevel("ERROR")
+cached, marker = sys.argv[2], sys.argv[3]
+def look(_):
+    import os
+    yield os.path.exists(cached), os.path.exists(marker)
+print(json.dumps(spark.sparkContext.parallelize(range(8), 8).mapPartitions(look).collect()))
+"""
+
+
+def test_pull_on_a_standalone_cluster_equals_the_ground_truth(tmp_path):
+    _require_private_mounts()
+    cache_dir = tmp_path / "cache"
+    cache_dir.mkdir()
+    (cache_dir / "driver-only.txt").write_text("the executors must not see this")
+    (tmp_path / "marker.txt").write_text("nor this, in the driver's /tmp")
+    with standalone_cluster(tmp_path / "logs", workers=2, hidden=[cache_dir],
+                            project_root=ROOT) as cluster:
+        # The isolation is real: the executors see neither the cache folder nor the driver's
+        # /tmp, and they run on both workers.
+        probe = subprocess.run(
+            [sys.executable, "-c", _PROBE, cluster.master_url, str(cache_dir / "driver-only.txt"),
+             str(tmp_path / "marker.txt")],
+            cwd=ROOT, capture_output=True, text=True, timeout=300)
+        assert probe.returncode == 0, probe.stderr[-2000:]
+        seen = json.loads(probe.stdout.strip().splitlines()[-1])
+        assert len(seen) == 8 and not any(a or b for a, b in seen)
+        out = cli("pull", "--source", "demo", "--spark-master", cluster.master_url,
+                  "--cache", str(cache_dir / "demo.duckdb"))
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "pulled 28,000 records from 41 partitions" in out.stdout
+    assert_no_spark_output(out)
+    with Cache(cache_dir / "demo.duckdb") as cache:
+        assert_equals_world(cache, "DemoStream", build_world())
+    launched = [log for log in (tmp_path / "logs").glob("worker-*.log")
+                if "Asked to launch executor" in log.read_text(errors="replace")]
+    assert len(launched) == 2, "both workers ran executors"
+
+
+def test_a_bogus_master_is_one_sentence(tmp_path):
+    out = cli("pull", "--source", "demo", "--spark-master", "bogus://x",
+              "--cache", str(tmp_path / "c.duckdb"), timeout=120)
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1, lines
+    assert "bogus://x" in lines[0] and "spark://HOST:PORT" in lines[0]
+    assert out.stdout == ""
+
+
+def test_a_master_nobody_answers_is_one_sentence(tmp_path):
+    from tests.support.cluster import free_port
+
+    url = f"spark://127.0.0.1:{free_port()}"
+    out = cli("pull", "--source", "demo", "--spark-master", url,
+              "--cache", str(tmp_path / "c.duckdb"), timeout=120)
+    assert out.returncode == 1
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and url in lines[0], lines
+    assert_no_spark_output(out)
+
+
+def test_spark_start_failure_names_its_log_file(tmp_path):
+    """A Spark that cannot start (here: a driver memory the JVM refuses) is one sentence
+    naming the file where Spark's own words went."""
+    log = tmp_path / "spark.log"
+    script = ("import sys\n"
+              "from spark_backend.spark import session\n"
+              "from pyspark import SparkConf\n"
+              "orig = SparkConf.set\n"
+              "SparkConf.set = lambda self, k, v: orig(self, k, 'not-a-size' if k == "
+              "'spark.driver.memory' else v)\n"
+              "try:\n"
+              "    session.spark_session('local[1]')\n"
+              "except session.SparkUnavailable as e:\n"
+              "    print(e)\n")
+    env = dict(os.environ, CSI_SPARK_LOG=str(log))
+    out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=300)
+    lines = out.stdout.strip().splitlines()
+    assert len(lines) == 1 and str(log) in lines[0], (out.stdout, out.stderr[-2000:])
+    assert_no_spark_output(out)
+    assert log.stat().st_size > 0  # Spark's own words went to the file

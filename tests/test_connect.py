@@ -1,0 +1,49 @@
+"""The pull through Spark Connect: a Connect server started from the installed pyspark (the
+spark-connect jar that ships in its jars), the CLI with ``--spark-remote`` and SPARK_REMOTE."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from spark_backend.cache.store import Cache
+from spark_backend.demo.world import build_world
+from tests.support.cluster import connect_server, free_port
+from tests.test_cluster import assert_no_spark_output, cli
+from tests.test_pull_demo import assert_equals_world
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_pull_through_spark_connect_equals_the_ground_truth(tmp_path):
+    with connect_server(tmp_path / "logs", master="local[2]", project_root=ROOT) as url:
+        out = cli("pull", "--source", "demo", "--spark-remote", url,
+                  "--cache", str(tmp_path / "flag.duckdb"))
+        assert out.returncode == 0, out.stderr[-3000:]
+        assert "pulled 28,000 records from 41 partitions" in out.stdout
+        assert_no_spark_output(out)
+        with Cache(tmp_path / "flag.duckdb") as cache:
+            assert_equals_world(cache, "DemoStream", build_world())
+        # SPARK_REMOTE alone selects the same server; a one-line script gets a session.
+        script = ("from spark_backend.spark.session import spark_session, is_remote\n"
+                  "s = spark_session()\n"
+                  "print(is_remote(s), s.range(5).count())\n")
+        env = dict(os.environ, SPARK_REMOTE=url)
+        probe = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env,
+                               capture_output=True, text=True, timeout=120)
+        assert probe.stdout.split() == ["True", "5"], probe.stderr[-2000:]
+        assert_no_spark_output(probe)
+
+
+def test_no_connect_server_is_one_sentence(tmp_path):
+    url = f"sc://127.0.0.1:{free_port()}"
+    out = cli("pull", "--source", "demo", "--spark-remote", url,
+              "--cache", str(tmp_path / "c.duckdb"), timeout=120)
+    assert out.returncode == 1
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and url in lines[0], lines
+    out = cli("pull", "--source", "demo", "--spark-remote", "http://nope",
+              "--cache", str(tmp_path / "c.duckdb"), timeout=120)
+    assert out.returncode == 2 and "sc://HOST[:PORT]" in out.stderr, out.stderr
