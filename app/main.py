@@ -10,12 +10,14 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+ICON = Path(__file__).resolve().parent / "icon.png"
 if str(ROOT) not in sys.path:  # `streamlit run app/main.py` puts app/ first, not the project
     sys.path.insert(0, str(ROOT))
 
 import streamlit as st  # noqa: E402
 
 from app import nav, pulling, resources, state, widgets  # noqa: E402
+from app.safe import md  # noqa: E402
 from spark_backend.errors import InspectorError  # noqa: E402
 
 
@@ -70,7 +72,7 @@ def _sidebar_stream(path: str) -> str | None:
         st.session_state.pop("stream_select", None)  # the selectbox starts again at `index`
     wanted = state.param("stream")
     if wanted and wanted not in names:
-        st.sidebar.error(f"No stream {wanted!r} in this cache; showing {names[0]}.")
+        st.sidebar.error(md(f"No stream {wanted!r} in this cache; showing {names[0]}."))
     index = names.index(wanted) if wanted in names else 0
     stream = st.sidebar.selectbox("Stream", names, index=index, key="stream_select")
     state.set_param("stream", stream)
@@ -86,7 +88,7 @@ def _sidebar_range() -> tuple[int | None, int | None]:
             bounds.append(state.parse_range_bound(text, label))
             state.set_param(name, text.strip() or None)
         except ValueError as e:
-            st.sidebar.error(str(e))
+            st.sidebar.error(md(str(e)))
             bounds.append(None)
     if bounds[0] is not None and bounds[1] is not None and bounds[0] > bounds[1]:
         st.sidebar.error("Range end: it is before the range start; showing the whole range.")
@@ -106,7 +108,7 @@ def _sidebar_walkthrough(c: state.Ctx) -> None:
         st.sidebar.caption("Nothing to show in this stream yet.")
         return
     index, step = found
-    st.sidebar.markdown(f"**Step {index + 1} of {len(steps)}: {step.title}**")
+    st.sidebar.markdown(f"**Step {index + 1} of {len(steps)}: {md(step.title)}**")
     back, forward = st.sidebar.columns(2)
     if back.button("◀ Back", disabled=index == 0, key="wt_back"):
         widgets.go_to_step(steps, index - 1)
@@ -117,7 +119,8 @@ def _sidebar_walkthrough(c: state.Ctx) -> None:
 
 
 def main() -> None:
-    st.set_page_config(page_title="Change stream inspector", page_icon=":material/account_tree:",
+    # A local icon: a material or emoji icon would be fetched from a font CDN on every page.
+    st.set_page_config(page_title="Change stream inspector", page_icon=str(ICON),
                        layout="wide")
     navigation = st.navigation(nav.all_pages())
     st.sidebar.title("Change stream inspector")
@@ -126,14 +129,16 @@ def main() -> None:
     st.session_state["cache_error"] = error
     stream, start_ns, end_ns, version = None, None, None, 0
     if error:
-        st.sidebar.error(error)
+        st.sidebar.error(md(error))
     else:
         _bootstrap(path)
         version = resources.version(path)
         stream = _sidebar_stream(path)
         if stream is not None:
             start_ns, end_ns = _sidebar_range()
-    stall = float(st.session_state.get("stall_s", state.DEFAULT_STALL_S))
+    stall, stall_error = state.stall_threshold()
+    if stall_error:
+        st.sidebar.error(md(stall_error))
     c = state.Ctx(path, version, stream, start_ns, end_ns, stall)
     state.set_ctx(c)
     _sidebar_walkthrough(c)

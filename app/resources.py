@@ -19,6 +19,7 @@ import pandas as pd
 import streamlit as st
 
 from spark_backend import analysis
+from spark_backend.analysis import stalls as stalls_mod
 from spark_backend.cache.store import Cache
 from spark_backend.config import CACHE_ENVVAR, DEFAULT_CACHE
 
@@ -151,8 +152,46 @@ def pulls(path: str, ver: int, stream: str | None) -> pd.DataFrame:
 
 
 @_cached
-def watermark_replay(path: str, ver: int, stream: str, points: int) -> pd.DataFrame:
-    return _run(path, queries.watermark_replay, stream, points)
+def watermark_replay(path: str, ver: int, stream: str, points: int,
+                     start_ns: int | None = None, end_ns: int | None = None) -> pd.DataFrame:
+    return _run(path, stalls_mod.watermark_replay, stream, points, start_ns, end_ns)
+
+
+@_cached
+def stalls(path: str, ver: int, stream: str, threshold_s: float, start_ns: int | None = None,
+           end_ns: int | None = None) -> list[dict]:
+    """The stalls of the range, costliest first (see ``analysis.stalls``)."""
+    replay = watermark_replay(path, ver, stream, stalls_mod.DEFAULT_POINTS, start_ns, end_ns)
+    return _run(path, stalls_mod.stalls, stream, threshold_s, replay)
+
+
+@_cached
+def current_state(path: str, ver: int, stream: str, start_ns: int | None = None,
+                  end_ns: int | None = None) -> dict | None:
+    replay = watermark_replay(path, ver, stream, stalls_mod.DEFAULT_POINTS, start_ns, end_ns)
+    return _run(path, stalls_mod.current_state, stream, replay)
+
+
+@_cached
+def txn_buckets(path: str, ver: int, stream: str, filters: queries.TxnFilter,
+                buckets: int) -> pd.DataFrame:
+    return _run(path, queries.txn_buckets, stream, filters, buckets)
+
+
+@_cached
+def txn_density(path: str, ver: int, stream: str, filters: queries.TxnFilter,
+                buckets: int) -> pd.DataFrame:
+    return _run(path, queries.txn_density, stream, filters, buckets)
+
+
+@_cached
+def record_detail(path: str, ver: int, stream: str, record_key: str) -> pd.DataFrame:
+    return _run(path, queries.record_detail, stream, record_key)
+
+
+@_cached
+def key_columns(path: str, ver: int, stream: str) -> dict[str, list[str]]:
+    return _run(path, queries.key_columns, stream)
 
 
 @_cached

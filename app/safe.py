@@ -1,0 +1,31 @@
+"""Data and URL values inside Streamlit's markdown and Plotly's hover text, as plain text.
+
+Streamlit renders the body of ``st.markdown``, ``st.caption``, ``st.error``, ``st.info``,
+``st.title``, button and link labels... as GitHub-flavoured markdown (links, images, autolinks,
+``:material/...:`` icons, ``:red[...]`` colours, ``$...$`` maths). Every value that comes from
+the cache or the URL goes through :func:`md` before it joins such a text; the page's own words
+stay markdown. Plotly renders ``<a href>``, ``<b>``... in text and hover templates: values go
+through :func:`html` first.
+"""
+
+from __future__ import annotations
+
+import html as _html
+import string
+from typing import Any
+
+_PUNCT = frozenset(string.punctuation)
+
+
+def md(value: Any) -> str:
+    """``value`` as markdown that shows exactly its characters: every ASCII punctuation
+    character backslash-escaped (CommonMark allows it for all of them), so no link, image,
+    autolink (``http\\://``), emphasis, code, directive or maths can form; newlines become
+    spaces."""
+    text = str(value).replace("\r", " ").replace("\n", " ")
+    return "".join("\\" + ch if ch in _PUNCT else ch for ch in text)
+
+
+def html(value: Any) -> str:
+    """A value for Plotly text and hover labels (``<``, ``>``, ``&``, quotes escaped)."""
+    return _html.escape(str(value), quote=True)
