@@ -5,33 +5,17 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-import pandas as pd
-
-from spark_backend.timestamps import format_duration, format_ns
+from spark_backend.analysis.display import (  # noqa: F401  (the pages' names)
+    is_missing,
+    ns_column,
+    parents_text,
+    short,
+    timestamp,
+    to_datetime,
+)
+from spark_backend.timestamps import format_duration
 
 from .safe import md
-
-
-def is_missing(value: Any) -> bool:
-    if value is None or isinstance(value, str):
-        return value is None
-    try:
-        return bool(pd.isna(value))
-    except (TypeError, ValueError):
-        return False
-
-
-def to_datetime(ns: Any) -> pd.Timestamp | None:
-    """Integer nanoseconds -> a UTC pandas Timestamp (None stays None)."""
-    if is_missing(ns):
-        return None
-    return pd.Timestamp(int(ns), unit="ns", tz="UTC")
-
-
-def ns_column(series: pd.Series) -> pd.Series:
-    """A column of ``*_ns`` integers -> UTC datetimes, for axes and tables."""
-    # Microseconds: what a browser shows, and plotly warns when it drops nanoseconds.
-    return pd.to_datetime(series.astype("Int64"), unit="ns", utc=True).dt.floor("us")
 
 
 def clock(ns: Any) -> str:
@@ -40,18 +24,6 @@ def clock(ns: Any) -> str:
         return "-"
     seconds = int(ns) // 1_000_000_000
     return dt.datetime.fromtimestamp(seconds, tz=dt.UTC).strftime("%H:%M:%S")
-
-
-def timestamp(ns: Any) -> str:
-    """Full RFC 3339 with the precision the source gave."""
-    return "-" if is_missing(ns) else format_ns(int(ns))
-
-
-def short(token: Any, n: int = 12) -> str:
-    if is_missing(token):
-        return "(root)"
-    text = str(token)
-    return text if len(text) <= n + 1 else text[:n] + "…"
 
 
 def count(n: Any) -> str:
@@ -111,13 +83,6 @@ def current_sentence(now: dict[str, Any] | None, threshold_s: float) -> str:
     return (f"**Now** ({clock(now['t_ns'])}): the low watermark is {clock(now['low_ns'])}, "
             f"{duration(now['lag_s'])} behind, held by partition "
             f"{md(short(now['holder'], 20))}: {verdict}.")
-
-
-def parents_text(parents: Any) -> str:
-    if parents is None or isinstance(parents, float | str):
-        return "(root)" if not isinstance(parents, str) else short(parents)
-    items = [p for p in list(parents) if p is not None]
-    return ", ".join(short(p) for p in items) if items else "(root)"
 
 
 def range_clip_note(start_ns: Any, end_ns: Any) -> str:

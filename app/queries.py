@@ -281,14 +281,15 @@ def side_by_side(records: pd.DataFrame) -> pd.DataFrame:
             rows.append({
                 "record_sequence": r.record_sequence, "table": r.table_name,
                 "mod_type": r.mod_type, "keys": r.keys, "column": column,
-                "old": _cell(old.get(column)), "new": _cell(new.get(column)),
+                "old": cell(old.get(column)), "new": cell(new.get(column)),
                 "changed": old.get(column) != new.get(column),
             })
     return pd.DataFrame(rows, columns=["record_sequence", "table", "mod_type", "keys", "column",
                                        "old", "new", "changed"])
 
 
-def _cell(value: Any) -> str:
+def cell(value: Any) -> str:
+    """A value as a table cell: strings as they are, the rest as JSON."""
     return "" if value is None else value if isinstance(value, str) else json.dumps(value)
 
 

@@ -10,9 +10,10 @@ through :func:`html` first.
 
 from __future__ import annotations
 
-import html as _html
 import string
 from typing import Any
+
+from spark_backend.analysis.display import html  # noqa: F401  (for Plotly labels)
 
 _PUNCT = frozenset(string.punctuation)
 
@@ -25,7 +26,3 @@ def md(value: Any) -> str:
     text = str(value).replace("\r", " ").replace("\n", " ")
     return "".join("\\" + ch if ch in _PUNCT else ch for ch in text)
 
-
-def html(value: Any) -> str:
-    """A value for Plotly text and hover labels (``<``, ``>``, ``&``, quotes escaped)."""
-    return _html.escape(str(value), quote=True)

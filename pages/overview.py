@@ -5,8 +5,7 @@ import pandas as pd
 import streamlit as st
 
 from app import figures, nav, queries, resources, widgets
-from app.formatting import (count, current_sentence, range_clip_note, stall_sentence,
-                            timestamp)
+from app.formatting import count, current_sentence, range_clip_note, stall_sentence, timestamp
 
 c = widgets.need_stream()
 widgets.walkthrough_banner("overview")

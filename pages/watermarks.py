@@ -4,8 +4,14 @@ behind the frontier over time; a replay of any moment (in the URL: ``at``)."""
 import streamlit as st
 
 from app import figures, queries, resources, state, widgets
-from app.formatting import (clock, current_sentence, held_back_at_sentence, ns_column,
-                            range_clip_note, stall_sentence)
+from app.formatting import (
+    clock,
+    current_sentence,
+    held_back_at_sentence,
+    ns_column,
+    range_clip_note,
+    stall_sentence,
+)
 from app.safe import md
 
 c = widgets.need_stream()

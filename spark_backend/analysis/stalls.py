@@ -77,7 +77,7 @@ def lag_over_time(replay: pd.DataFrame, top: int = 12,
     lag = replay.assign(lag_s=(replay["t_ns"] - replay["watermark_ns"]) / 1e9)
     worst = lag.groupby("partition")["lag_s"].max().sort_values(ascending=False)
     keep = list(worst.index[:top]) + [p for p in always if p in worst.index]
-    return lag[lag["partition"].isin(keep)].reset_index(drop=True), int(len(worst))
+    return lag[lag["partition"].isin(keep)].reset_index(drop=True), len(worst)
 
 
 def stalls(con: duckdb.DuckDBPyConnection, stream: str, threshold_s: float,
