@@ -34,11 +34,13 @@ if selected and selected not in tokens:
 now = resources.current_state(c.path, c.version, c.stream, c.start_ns, c.end_ns)
 holder = now["holder"] if now and now["lag_s"] > c.stall_s else None
 found = resources.stalls(c.path, c.version, c.stream, c.stall_s, c.start_ns, c.end_ns)
-notes = {}
-if found and not found[0]["ongoing"]:
+notes, spans = {}, []
+if found:
     w = found[0]
-    notes[w["partition"]] = (f"worst stall {clock(w['since_ns'])}–"
-                             f"{clock(w['until_ns'] or w['last_ns'])}")
+    until = w["until_ns"] or w["last_ns"]
+    notes[w["partition"]] = (f"silent {clock(w['since_ns'])}–"
+                             + ("now" if w["ongoing"] else clock(until)))
+    spans.append((w["partition"], w["since_ns"], until))
 
 kinds = edges["kind"].value_counts()
 st.caption(f"{len(nodes):,} partitions on {int(nodes['lane'].max()) + 1 if len(nodes) else 0} "
@@ -47,7 +49,8 @@ st.caption(f"{len(nodes):,} partitions on {int(nodes['lane'].max()) + 1 if len(n
            "partition's start to its end (or watermark); click a bar to drill into it, drag to "
            "zoom in time, double-click to zoom out." + range_clip_note(c.start_ns, c.end_ns))
 marked = [*highlight, *([selected] if selected else [])]
-fig = figures.dag_figure(nodes, segments, highlight=marked, holder=holder, notes=notes)
+fig = figures.dag_figure(nodes, segments, highlight=marked, holder=holder, notes=notes,
+                         spans=spans)
 if c.start_ns or c.end_ns:
     fig.update_xaxes(range=[to_datetime(c.start_ns or int(nodes["x0_ns"].min())),
                             to_datetime(c.end_ns or int(nodes["x1_ns"].max()))])

@@ -52,12 +52,12 @@ tiles[0].metric("Partitions", count(len(parts)), f"{live} live · {len(parts) - 
                 delta_color="off")
 tiles[0].page_link(nav.page("dag"), label="Partition DAG", query_params=link)
 tiles[1].metric("Data change records", count(records),
-                f"{count(s['records']['heartbeat'])} heartbeats (whole cache)",
+                f"{count(s['records']['heartbeat'])} heartbeats",
                 delta_color="off")
 tiles[1].page_link(nav.page("records"), label="Records", query_params=link)
 tiles[2].metric("Transactions", count(txns))
 tiles[2].page_link(nav.page("transactions"), label="Transactions", query_params=link)
-tiles[3].metric("Low watermark", timestamp(now["low_ns"])[11:23] if now else "-")
+tiles[3].metric("Low watermark", timestamp(now["low_ns"])[11:19] if now else "-")
 tiles[3].page_link(nav.page("watermarks"), label="Watermarks", query_params=link)
 tiles[4].metric("Anomalies", count(len(anomalies)),
                 f"{s['quarantined']} quarantined lines", delta_color="off")

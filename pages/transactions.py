@@ -67,14 +67,13 @@ if total > MAX_DRAWN:
     lo, hi = starts[k], starts[last] + width - 1
     window_f = dataclasses.replace(f, start_ns=max(lo, f.start_ns or lo),
                                    end_ns=min(hi, f.end_ns or hi))
-    st.plotly_chart(figures.txn_count_figure(buckets, (lo, hi)), key="txn_counts")
-    st.caption(f"{count(total)} transactions in the range: more than {count(MAX_DRAWN)} are "
-               f"drawn as a density. Below: the {count(drawn)} that began from {clock(lo)} to "
-               f"{clock(hi)} (shaded above), one dot per partition each touched.")
-    with st.expander("Density over the whole range (transactions per partition lane and "
-                     "time bucket)"):
-        density = resources.txn_density(c.path, c.version, c.stream, f, 120)
-        st.plotly_chart(figures.txn_density_figure(density, lanes), key="txn_density")
+    density = resources.txn_density(c.path, c.version, c.stream, f, 120)
+    st.plotly_chart(figures.txn_density_figure(density, lanes, (lo, hi)), key="txn_density")
+    st.caption(f"{count(total)} transactions in the range, more than the {count(MAX_DRAWN)} "
+               "drawn one by one: above, how many began per partition lane and time bucket "
+               f"over the whole range. Below: the {count(drawn)} that began from {clock(lo)} "
+               f"to {clock(hi)} (outlined above), one dot per partition each touched; move the "
+               "window to see others.")
 else:
     st.caption(f"All {count(total)} transactions of the range, one dot per partition each "
                "touched; lines join a transaction's partitions. Click a dot to open it.")

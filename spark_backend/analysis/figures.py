@@ -49,7 +49,8 @@ _DAG_HOVER = ("<b>%{customdata[1]}</b><br>state: %{customdata[8]}<br>parents: %{
 
 def dag_figure(nodes: pd.DataFrame, segments: pd.DataFrame, highlight: Sequence[str] = (),
                holder: str | None = None, notes: dict[str, str] | None = None,
-               height: int | None = None) -> go.Figure:
+               spans: Sequence[tuple[str, int, int]] = (), height: int | None = None
+               ) -> go.Figure:
     """Partitions as bars on their lanes from start to end (or watermark), edges parent ->
     child coloured by kind; the partition holding the stream back and stalled partitions in red
     with their names; ``highlight`` outlined (the rest stays as it is).
@@ -83,6 +84,16 @@ def dag_figure(nodes: pd.DataFrame, segments: pd.DataFrame, highlight: Sequence[
     if not picked.empty:
         fig.add_trace(_bars(picked, min_w, name="selected", colour="rgba(0,0,0,0)",
                             outline=HIGHLIGHT))
+    if spans:  # stretches a partition went silent (the worst stall), red on its bar
+        lane_of = dict(zip(df["token"], df["lane"], strict=True))
+        known = [(t, a, b) for t, a, b in spans if t in lane_of]
+        if known:
+            fig.add_trace(go.Bar(
+                orientation="h", y=[lane_of[t] for t, _, _ in known],
+                x=[max(min_w, b - a) / 1e6 for _, a, b in known],
+                base=[to_datetime(a) for _, a, _ in known], width=0.35, name="silent (stall)",
+                marker=dict(color="#d93025"), hoverinfo="skip",
+                selected=dict(marker=dict(opacity=1)), unselected=dict(marker=dict(opacity=1))))
     notes = dict(notes or {})
     for t, k in zip(df["token"], df["kind"], strict=True):
         if k in ("stalled", "holding back") and t not in notes:
@@ -91,10 +102,12 @@ def dag_figure(nodes: pd.DataFrame, segments: pd.DataFrame, highlight: Sequence[
     if not labelled.empty:
         fig.add_trace(go.Scatter(
             x=_dt(labelled["x1_ns"]), y=labelled["lane"], mode="text", showlegend=False,
-            text=[f" {html(short(t, 16))} ({html(notes[t])})" for t in labelled["token"]],
+            text=[f" {html(short(t, 10))} ({html(notes[t])})" for t in labelled["token"]],
             textposition="middle right", textfont=dict(color="#d93025", size=12),
             hoverinfo="skip", cliponaxis=False))
     lanes = int(df["lane"].max()) + 1
+    if not labelled.empty:  # room on the right for the names
+        fig.update_xaxes(range=[to_datetime(lo), to_datetime(hi + (hi - lo) // 4)])
     fig.update_layout(
         height=height or max(360, min(1400, 110 + lanes * 18)), barmode="overlay",
         margin=dict(l=10, r=10, t=50, b=10), legend=_LEGEND, clickmode="event+select",
@@ -249,7 +262,8 @@ def txn_figure(points: pd.DataFrame, lanes: dict[str, int], selected: str | None
     return fig
 
 
-def txn_density_figure(density: pd.DataFrame, lanes: dict[str, int]) -> go.Figure:
+def txn_density_figure(density: pd.DataFrame, lanes: dict[str, int],
+                       window: tuple[int, int] | None = None) -> go.Figure:
     """Transactions per (time bucket x partition lane), when there are too many to draw."""
     fig = go.Figure()
     if density.empty:
@@ -260,7 +274,10 @@ def txn_density_figure(density: pd.DataFrame, lanes: dict[str, int]) -> go.Figur
         z=grid.to_numpy(), x=_dt(pd.Series(grid.columns)), y=list(grid.index),
         colorscale="Blues", colorbar=dict(title="txns"),
         hovertemplate="%{x}<br>lane %{y}<br>%{z} transactions<extra></extra>"))
-    fig.update_layout(height=max(320, min(900, 80 + 14 * (len(grid.index) + 1))),
+    if window is not None:
+        fig.add_vrect(x0=to_datetime(window[0]), x1=to_datetime(window[1]),
+                      line=dict(color=HIGHLIGHT, width=3), fillcolor="rgba(0,0,0,0)")
+    fig.update_layout(height=max(260, min(600, 80 + 12 * (len(grid.index) + 1))),
                       margin=dict(l=10, r=10, t=30, b=10),
                       xaxis=dict(title="commit time", type="date"),
                       yaxis=dict(title="partition lane", showticklabels=False,
