@@ -13,7 +13,7 @@ from spark_backend.analysis.display import (  # noqa: F401  (the pages' names)
     timestamp,
     to_datetime,
 )
-from spark_backend.timestamps import format_duration
+from spark_backend.model.timestamps import format_duration
 
 from .safe import md
 

@@ -18,7 +18,7 @@ import streamlit as st  # noqa: E402
 
 from app import nav, pulling, resources, state, widgets  # noqa: E402
 from app.safe import md  # noqa: E402
-from spark_backend.errors import InspectorError  # noqa: E402
+from spark_backend.model.errors import InspectorError  # noqa: E402
 
 
 def _open(path: str) -> str | None:

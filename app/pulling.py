@@ -9,10 +9,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from spark_backend import config
 from spark_backend.cache.store import Cache, validate_cache_stream_name
-from spark_backend.errors import CacheError, InspectorError
-from spark_backend.timestamps import TimestampError, now_ns, parse_ns
+from spark_backend.model import config
+from spark_backend.model.errors import CacheError, InspectorError
+from spark_backend.model.timestamps import TimestampError, now_ns, parse_ns
 
 SOURCES = {"demo": "Demo world", "emulator": "Local Cloud Spanner emulator",
            "spanner": "Cloud Spanner", "files": "Recordings and other systems' files"}
@@ -146,7 +146,7 @@ def validate(form: PullForm) -> dict[str, str]:
 
 
 def request_for(form: PullForm, demo_host: str | None = None) -> Any:
-    from spark_backend.pull import PullRequest
+    from spark_backend.jobs.pull import PullRequest
 
     return PullRequest(
         source=form.source, stream=form.stream.strip() or None,
@@ -177,13 +177,13 @@ def pull(cache: Cache, form: PullForm, on_progress: Callable[[Any], None],
     """
     try:
         if form.source == "files":
-            from spark_backend.sources.files import import_files
+            from spark_backend.jobs.files import import_files
 
             paths = [p.strip() for p in form.paths.splitlines() if p.strip()]
             res = import_files(cache, form.stream.strip(), form.file_format, paths,
                                progress=lambda msg: on_progress(msg))
             return Outcome(True, import_message(res), stream=res.stream)
-        from spark_backend import pull as backend
+        from spark_backend.jobs import pull as backend
 
         request = request_for(form)
         if prepare is not None:
@@ -247,6 +247,6 @@ def progress_fraction(p: Any) -> float:
 
 
 def now_text() -> str:
-    from spark_backend.timestamps import format_ns
+    from spark_backend.model.timestamps import format_ns
 
     return format_ns(now_ns())

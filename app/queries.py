@@ -18,7 +18,7 @@ from spark_backend.analysis import stalls
 from spark_backend.analysis.transactions import TRANSACTION_FILTER, transaction_filter_params
 from spark_backend.cache.schema import TABLE_DOCS
 from spark_backend.formats import recording
-from spark_backend.records import canonical_json
+from spark_backend.model.records import canonical_json
 
 EXPORT_FORMATS = ("csv", "jsonl", "recording")
 EXPORT_LIMIT = 1_000_000

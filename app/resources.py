@@ -21,7 +21,7 @@ import streamlit as st
 from spark_backend import analysis
 from spark_backend.analysis import stalls as stalls_mod
 from spark_backend.cache.store import Cache
-from spark_backend.config import CACHE_ENVVAR, DEFAULT_CACHE
+from spark_backend.model.config import CACHE_ENVVAR, DEFAULT_CACHE
 
 from . import queries
 
@@ -240,9 +240,9 @@ def warm_spark() -> bool:
 
     Called lazily, right before a pull (and by the empty cache's bootstrap), never on a render.
     """
-    from spark_backend.spark.session import spark_session, warm_up
+    from spark_backend.jobs.pull import start_spark
 
-    warm_up(spark_session())
+    start_spark()
     return True
 
 
@@ -253,8 +253,8 @@ def _stop_server(server: Any) -> None:
 @st.cache_resource(show_spinner=False, on_release=_stop_server)
 def demo_server(seed: int, scale: float, dialect: str) -> Any:
     """One running demo server per (seed, scale, dialect) for the whole server process."""
-    from fixtures.demo_world import build_world
-    from spark_backend.sources.demo_server import DemoServer
+    from spark_backend.demo.server import DemoServer
+    from spark_backend.demo.world import build_world
 
     server = DemoServer(build_world(seed, scale), dialect)
     server.start()
@@ -264,7 +264,7 @@ def demo_server(seed: int, scale: float, dialect: str) -> Any:
 def prepare_pull(form: Any) -> str | None:
     """Ready a pull (``pulling.pull``'s ``prepare``): Spark first (forking next to gRPC
     threads is fragile), then for source demo the shared demo server; returns its host."""
-    from spark_backend.pull import PullRequest
+    from spark_backend.jobs.pull import PullRequest
 
     warm_spark()
     if form.source != "demo":

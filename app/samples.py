@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from spark_backend.cache.store import Cache
-from spark_backend.errors import InspectorError
+from spark_backend.model.errors import InspectorError
 
 from .pulling import Outcome, import_message
 
@@ -54,7 +54,7 @@ def by_key(key: str) -> Sample:
 
 def load(cache: Cache, sample: Sample, progress=None) -> Outcome:
     """Import one sample into its stream; the outcome says records and bad lines."""
-    from spark_backend.sources.files import import_files
+    from spark_backend.jobs.files import import_files
 
     try:
         res = import_files(cache, sample.stream, sample.fmt, [str(sample.file)],

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import streamlit as st
 
-from spark_backend.timestamps import TimestampError, format_ns, parse_ns
+from spark_backend.model.timestamps import TimestampError, format_ns, parse_ns
 
 PARAMS = ("stream", "start", "end", "partition", "txn", "step", "at", "stall")
 DEFAULT_STALL_S = 60.0

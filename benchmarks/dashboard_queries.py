@@ -32,9 +32,8 @@ STREAM = "DemoStream"
 def build(path: Path, scale: float) -> None:
     if path.exists():
         return
-    from conftest_app import land_world
-
-    from fixtures.demo_world import build_world
+    from spark_backend.demo.world import build_world
+    from tests.support.demo_cache import land_world
 
     t = time.monotonic()
     world = build_world(7, scale)

@@ -92,7 +92,7 @@ def run_baseline(host: str, dialect: str, stream: str, start: str, end: str,
     from google.cloud.spanner_admin_database_v1 import DatabaseDialect
     from google.cloud.spanner_v1 import param_types
 
-    from spark_backend.timestamps import parse_ns, to_datetime
+    from spark_backend.model.timestamps import parse_ns, to_datetime
 
     client = spanner.Client(project="p", credentials=AnonymousCredentials(),
                             client_options={"api_endpoint": host})
@@ -161,7 +161,7 @@ def run_project(host: str, dialect: str, stream: str, start: str, end: str,
                 master: str | None, threads: int) -> dict:
     os.environ["SPANNER_EMULATOR_HOST"] = host
     from spark_backend.cache.store import Cache
-    from spark_backend.pull import PullRequest, run_pull
+    from spark_backend.jobs.pull import PullRequest, run_pull
     from spark_backend.spark.session import spark_session, warm_up
 
     warm_up(spark_session(master))  # one-time JVM and worker start-up: not part of throughput
@@ -195,7 +195,7 @@ def _side(args) -> None:
 
 def _start_server(scale: float, dialect: str, latency_ms: float) -> tuple[subprocess.Popen, str]:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "spark_backend.sources.demo_server", "--scale", str(scale),
+        [sys.executable, "-m", "spark_backend.demo.server", "--scale", str(scale),
          "--dialect", dialect, "--latency-ms", str(latency_ms)],
         cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
     )
@@ -239,7 +239,7 @@ def main() -> None:
     if args.role:
         _side(args)
         return
-    from fixtures.demo_world import DEMO_STREAM, WORLD_START, format_ts
+    from spark_backend.demo.world import DEMO_STREAM, WORLD_START, format_ts
 
     print(f"{'records':>9} {'partitions':>10} {'baseline rec/s':>15} {'project rec/s':>14} "
           f"{'ratio':>6} {'baseline MB':>12} {'project MB':>11}")

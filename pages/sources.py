@@ -7,7 +7,7 @@ import streamlit as st
 
 from app import pulling, resources, samples, state, widgets
 from app.formatting import ns_column
-from spark_backend import config
+from spark_backend.model import config
 
 c = state.ctx()
 widgets.walkthrough_banner("sources")

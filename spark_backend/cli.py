@@ -12,8 +12,8 @@ import os
 import sys
 from typing import Any
 
-from . import config
-from .errors import BadInput, InspectorError
+from spark_backend.model import config
+from spark_backend.model.errors import BadInput, InspectorError
 
 EXIT_FAILED, EXIT_BAD_INPUT, EXIT_STALLED = 1, 2, 3
 
@@ -117,7 +117,7 @@ class _Progress:
 
 
 def _open_cache(path: str, must_exist: bool = False):
-    from .cache.store import Cache
+    from spark_backend.cache.store import Cache
 
     if must_exist and not os.path.exists(path):
         raise BadInput(f"No cache file at {path}; pull or import a stream first.")
@@ -127,7 +127,7 @@ def _open_cache(path: str, must_exist: bool = False):
 def cmd_pull(args) -> int:
     if args.source == "beam-metadata":
         return _pull_beam(args)
-    from .pull import PullRequest, run_pull
+    from spark_backend.jobs.pull import PullRequest, run_pull
 
     request = PullRequest(
         source=args.source, stream=args.cache_stream, source_stream=args.stream,
@@ -153,7 +153,7 @@ def cmd_pull(args) -> int:
 
 
 def _pull_beam(args) -> int:
-    from .sources import beam_metadata
+    from spark_backend.jobs import beam_metadata
 
     missing = [f"--{n}" for n in ("project", "instance", "database", "table")
                if not getattr(args, n)]
@@ -171,7 +171,7 @@ def _pull_beam(args) -> int:
 
 
 def cmd_import(args) -> int:
-    from .sources.files import import_files
+    from spark_backend.jobs.files import import_files
 
     options = {"table": args.table} if args.table else {}
     for item in args.option:
@@ -195,7 +195,7 @@ def cmd_import(args) -> int:
 
 
 def cmd_export(args) -> int:
-    from .sources.files import export_recording
+    from spark_backend.jobs.files import export_recording
 
     with _open_cache(args.cache, must_exist=True) as cache:
         stream = cache.resolve_stream(args.stream)
@@ -205,7 +205,7 @@ def cmd_export(args) -> int:
 
 
 def cmd_report(args) -> int:
-    from .analysis.report import build_report, to_json
+    from spark_backend.analysis.report import build_report, to_json
 
     with _open_cache(args.cache, must_exist=True) as cache:
         stream = cache.resolve_stream(args.stream)
@@ -242,8 +242,8 @@ def cmd_report(args) -> int:
 
 
 def cmd_history(args) -> int:
-    from .analysis.transactions import history
-    from .timestamps import format_ns
+    from spark_backend.analysis.transactions import history
+    from spark_backend.model.timestamps import format_ns
 
     with _open_cache(args.cache, must_exist=True) as cache:
         stream = cache.resolve_stream(args.stream)

@@ -27,7 +27,7 @@ def spark():
 
 def require_emulator() -> str:
     """The emulator binary; on CI a missing emulator fails the run, elsewhere it skips."""
-    from spark_backend import config
+    from spark_backend.model import config
 
     binary = config.emulator_binary()
     if binary is None:

@@ -10,14 +10,13 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from conftest_app import DEMO_SCALE, DEMO_SEED, pull_demo
-
 from app import pulling, queries, samples, sql_console
 from app.formatting import short
-from fixtures.demo_world import build_world
 from spark_backend import analysis
 from spark_backend.cache.store import Cache
-from spark_backend.errors import BadInput
+from spark_backend.demo.world import build_world
+from spark_backend.model.errors import BadInput
+from tests.support.demo_cache import DEMO_SCALE, DEMO_SEED, pull_demo
 
 MAIN = str(Path(__file__).resolve().parent.parent / "app" / "main.py")
 
@@ -360,7 +359,7 @@ def test_backend_bad_start_lands_by_its_field_before_anything_starts(tmp_path):
 
 
 def test_the_field_attribute_wins_over_the_words(tmp_path, monkeypatch):
-    import spark_backend.pull as backend
+    import spark_backend.jobs.pull as backend
 
     def refuse(cache, request, progress=None):
         raise BadInput("The heartbeat of this stream does not allow that range.", field="end")

@@ -10,11 +10,12 @@ import os
 
 import pytest
 
-from spark_backend import config
 from spark_backend.analysis import systems
 from spark_backend.cache.store import Cache
-from spark_backend.errors import BadInput
-from spark_backend.sources import beam_metadata
+from spark_backend.jobs import beam_metadata
+from spark_backend.model import config
+from spark_backend.model.errors import BadInput
+from tests.support.beam import create_sample_metadata_table
 
 pytestmark = pytest.mark.emulator
 PROJECT, INSTANCE, DATABASE, TABLE = "beam-project", "beam-instance", "pipeline", "MetadataTable"
@@ -27,7 +28,7 @@ def emulator():
         if os.environ.get("CI", "").lower() == "true":
             pytest.fail("the Cloud Spanner emulator is not installed on CI")
         pytest.skip("the Cloud Spanner emulator is not installed")
-    from spark_backend.sources.emulator import EmulatorProcess
+    from spark_backend.demo.emulator import EmulatorProcess
 
     config.quiet_local_client_env()
     with EmulatorProcess() as proc:
@@ -36,10 +37,10 @@ def emulator():
 
 @pytest.fixture(scope="module")
 def sample(emulator):
-    from spark_backend.timestamps import now_ns
+    from spark_backend.model.timestamps import now_ns
 
     base = now_ns() - 900 * S
-    rows = beam_metadata.create_sample_metadata_table(
+    rows = create_sample_metadata_table(
         emulator_host=emulator, project=PROJECT, instance=INSTANCE, database=DATABASE,
         table=TABLE, base_ns=base,
     )

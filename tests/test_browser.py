@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from conftest_app import pull_demo
+from tests.support.demo_cache import pull_demo
 
 pytestmark = pytest.mark.browser
 

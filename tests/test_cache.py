@@ -7,8 +7,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from spark_backend.cache.store import Cache
-from spark_backend.errors import CacheError
-from spark_backend.records import arrow_schema, from_change_record, to_arrow_batch
+from spark_backend.model.errors import CacheError
+from spark_backend.model.records import arrow_schema, from_change_record, to_arrow_batch
 
 
 def _hb(token, ts):

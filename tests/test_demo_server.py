@@ -19,12 +19,12 @@ from google.cloud.spanner_admin_database_v1 import DatabaseDialect
 from google.cloud.spanner_v1 import param_types
 from google.protobuf.json_format import MessageToDict
 
-from fixtures.demo_world import build_world, format_ts, parse_ts
-from spark_backend.sources.demo_server import (
+from spark_backend.demo.server import (
     DemoServer,
     googlesql_row_type,
     postgresql_row_type,
 )
+from spark_backend.demo.world import build_world, format_ts, parse_ts
 
 SHAPES = Path(__file__).resolve().parents[1] / "fixtures" / "emulator_shapes"
 GSQL = ("SELECT ChangeRecord FROM READ_DemoStream(start_timestamp => @s, end_timestamp => @e, "

@@ -7,7 +7,7 @@ from collections import defaultdict
 
 import pytest
 
-from fixtures.demo_world import (
+from spark_backend.demo.world import (
     DEMO_STREAM,
     QueryError,
     build_world,

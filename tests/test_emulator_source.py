@@ -17,7 +17,8 @@ import pytest
 
 os.environ.setdefault("SPANNER_DISABLE_BUILTIN_METRICS", "true")
 
-from spark_backend.sources import emulator as em
+from spark_backend.demo import emulator as em
+from tests.support.emulator_queries import query_change_stream
 
 pytestmark = pytest.mark.emulator
 
@@ -222,7 +223,7 @@ def _ts(text: str) -> dt.datetime:
 
 def _follow(db, dialect, start, end):
     """Query the initial partition set and all descendants; returns (records, children)."""
-    initial = [_decode(r, dialect) for r in em.query_change_stream(db, dialect, em.DEFAULT_STREAM,
+    initial = [_decode(r, dialect) for r in query_change_stream(db, dialect, em.DEFAULT_STREAM,
                                                                     start, end, None)]
     records, parents, queue = [], {}, []
     for kind, body in initial:
@@ -236,7 +237,7 @@ def _follow(db, dialect, start, end):
         if token in seen:
             continue
         seen.add(token)
-        for kind, body in (_decode(r, dialect) for r in em.query_change_stream(
+        for kind, body in (_decode(r, dialect) for r in query_change_stream(
                 db, dialect, em.DEFAULT_STREAM, ts, end, token)):
             if kind == "data_change_record":
                 records.append((token, body))
@@ -252,7 +253,7 @@ def _follow(db, dialect, start, end):
 def test_initial_query_returns_child_partitions(fresh_db, dialect):
     db = em.open_database(*fresh_db(dialect))
     now = dt.datetime.now(UTC)
-    rows = [_decode(r, dialect) for r in em.query_change_stream(
+    rows = [_decode(r, dialect) for r in query_change_stream(
         db, dialect, em.DEFAULT_STREAM, now, now + dt.timedelta(seconds=1), None)]
     assert rows and all(kind == "child_partitions_record" for kind, _ in rows)
     children = [c for _, body in rows for c in body["child_partitions"]]
@@ -312,7 +313,7 @@ def test_start_emulator_world():
         w.run_n(3)
         db = em.open_database(world.host, world.project, world.instance, world.database,
                               world.dialect)
-        rows = list(em.query_change_stream(db, "postgresql", world.stream, world.created_at,
+        rows = list(query_change_stream(db, "postgresql", world.stream, world.created_at,
                                            world.created_at, None))
         assert rows
     assert _gone(pid)

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from spark_backend import records
 from spark_backend.analysis import systems
 from spark_backend.cache.store import Cache
 from spark_backend.formats import bigtable
-from spark_backend.timestamps import parse_ns
+from spark_backend.model import records
+from spark_backend.model.timestamps import parse_ns
 
 SAMPLES = Path(__file__).resolve().parent.parent / "fixtures" / "samples" / "bigtable"
 

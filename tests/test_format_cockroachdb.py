@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from spark_backend import records
 from spark_backend.analysis import systems
 from spark_backend.cache.store import Cache
 from spark_backend.formats import cockroachdb
+from spark_backend.model import records
 
 SAMPLES = Path(__file__).resolve().parent.parent / "fixtures" / "samples" / "cockroachdb"
 CLOUD_FILE = "202311271644562969433000000000000-56087568dba1e6b8-1-72-00000000-employees-1.ndjson"

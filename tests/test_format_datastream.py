@@ -10,11 +10,11 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from spark_backend import records
 from spark_backend.analysis import systems
 from spark_backend.cache.store import Cache
 from spark_backend.formats import datastream
-from spark_backend.timestamps import parse_ns
+from spark_backend.model import records
+from spark_backend.model.timestamps import parse_ns
 
 SAMPLES = Path(__file__).resolve().parent.parent / "fixtures" / "samples" / "datastream"
 
@@ -192,7 +192,8 @@ def test_freshness_and_anomalies(tmp_path):
 
 
 def test_order_conflict_anomaly(tmp_path):
-    events = [json.loads(line) for line in (SAMPLES / "mysql_events.jsonl").read_text().splitlines()]
+    lines = (SAMPLES / "mysql_events.jsonl").read_text().splitlines()
+    events = [json.loads(line) for line in lines]
     late = dict(events[3])  # DELETE of id 8, later in the binlog ...
     late["uuid"] = "a0000000-0000-0000-0000-00000000000f"
     late["source_metadata"] = {**late["source_metadata"], "log_position": 9000}

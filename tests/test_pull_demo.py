@@ -7,10 +7,10 @@ import json
 
 import pytest
 
-from fixtures.demo_world import build_world
 from spark_backend import analysis
 from spark_backend.cache.store import Cache
-from spark_backend.pull import PullRequest, run_pull
+from spark_backend.demo.world import build_world
+from spark_backend.jobs.pull import PullRequest, run_pull
 
 HEARTBEAT_MS = 10_000
 
@@ -30,7 +30,7 @@ def cached_records(cache: Cache, stream: str) -> set[tuple]:
 
 def truth_records(world, end_ns=None) -> set[tuple]:
     """What reading every partition from its start to the end returns, by the simulator."""
-    from spark_backend.records import from_change_record
+    from spark_backend.model.records import from_change_record
 
     out = set()
     end_ns = world.end if end_ns is None else end_ns

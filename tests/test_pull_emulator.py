@@ -9,10 +9,11 @@ from collections import Counter
 
 import pytest
 
-from spark_backend import analysis, config
+from spark_backend import analysis
 from spark_backend.cache.store import Cache
-from spark_backend.pull import PullRequest, run_pull
-from spark_backend.timestamps import format_ns, from_datetime, now_ns
+from spark_backend.jobs.pull import PullRequest, run_pull
+from spark_backend.model import config
+from spark_backend.model.timestamps import format_ns, from_datetime, now_ns
 from tests.conftest import require_emulator
 
 pytestmark = pytest.mark.emulator
@@ -21,7 +22,7 @@ pytestmark = pytest.mark.emulator
 @pytest.fixture(scope="module", params=["googlesql", "postgresql"])
 def emulator(request):
     require_emulator()
-    from spark_backend.sources.emulator import start_emulator_world
+    from spark_backend.demo.emulator import start_emulator_world
 
     world = start_emulator_world(dialect=request.param, churn_seconds=2)
     old = os.environ.get(config.EMULATOR_HOST_ENVVAR)
@@ -158,11 +159,11 @@ def test_beam_metadata_from_the_command_line(tmp_path, monkeypatch, capsys):
     """`pull --source beam-metadata` on a connector's metadata table in the emulator."""
     require_emulator()
     from spark_backend.cli import main
-    from spark_backend.sources import beam_metadata
-    from spark_backend.sources.emulator import EmulatorProcess
+    from spark_backend.demo.emulator import EmulatorProcess
+    from tests.support.beam import create_sample_metadata_table
 
     with EmulatorProcess() as proc:
-        beam_metadata.create_sample_metadata_table(
+        create_sample_metadata_table(
             emulator_host=proc.host, project="beam-project", instance="beam-instance",
             database="pipeline-db",
             table="PipelineMetadata")

@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from spark_backend.errors import BadInput
-from spark_backend.records import RecordError, from_change_record
-from spark_backend.sources.spanner import _decoder, query_text, validate_stream_name
-from spark_backend.timestamps import format_ns, parse_ns
+from spark_backend.model.errors import BadInput
+from spark_backend.model.records import RecordError, from_change_record
+from spark_backend.model.timestamps import format_ns, parse_ns
+from spark_backend.spanner.reader import _decoder, query_text, validate_stream_name
 
 DOC_UPDATE = {
     "commit_timestamp": "2022-09-27T12:30:00.123456Z",

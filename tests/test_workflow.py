@@ -8,10 +8,9 @@ import threading
 import pyarrow as pa
 
 from spark_backend.cache.store import Cache
-from spark_backend.pull import _frontier
-from spark_backend.records import from_change_record, partition_end, to_arrow_batch
-from spark_backend.sources.workflow import _Workflow
-from spark_backend.timestamps import parse_ns
+from spark_backend.model.records import from_change_record, partition_end, to_arrow_batch
+from spark_backend.model.timestamps import parse_ns
+from spark_backend.spanner.workflow import _Workflow
 
 T0 = parse_ns("2022-05-01T09:00:01Z")
 T_MERGE = parse_ns("2022-05-01T09:30:15Z")
@@ -99,13 +98,13 @@ def test_merge_across_tasks_is_left_to_the_next_wave(tmp_path):
     pull = cache.begin_pull("s", "test", T0, END, 10_000)
     initial = [from_change_record(r, None) for r in INITIAL]
     cache.ingest("s", pull, pa.Table.from_batches([to_arrow_batch(initial)]))
-    assert _frontier(cache, "s", END) == [
+    assert cache.frontier("s", END) == [
         ("child_token_1", T0), ("child_token_2", T0), ("child_token_3", T0)]
     cache.ingest("s", pull, pa.Table.from_batches([to_arrow_batch(rows_a)]))
     # Only one parent of child_token_4 finished: it must wait.
-    assert [t for t, _ in _frontier(cache, "s", END)] == ["child_token_3"]
+    assert [t for t, _ in cache.frontier("s", END)] == ["child_token_3"]
     cache.ingest("s", pull, pa.Table.from_batches([to_arrow_batch(rows_b)]))
-    assert _frontier(cache, "s", END) == [("child_token_4", T_MERGE)]
+    assert cache.frontier("s", END) == [("child_token_4", T_MERGE)]
 
     edges = cache.con.execute(
         "SELECT parent, child FROM edges ORDER BY child, parent NULLS FIRST").fetchall()

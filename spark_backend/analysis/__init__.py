@@ -4,10 +4,20 @@ Pure SQL; every value is a bound parameter. Timestamps come back as integer nano
 (``*_ns``) so callers format them with full precision.
 """
 
-from .dag import edges, partition_detail, partitions
-from .report import anomalies, build_report, summary
-from .transactions import duplicates, history, transaction_records, transactions
-from .watermarks import heartbeat_gaps, holding_back, low_watermark, watermark_series
+from spark_backend.analysis.dag import edges, partition_detail, partitions
+from spark_backend.analysis.report import anomalies, build_report, summary
+from spark_backend.analysis.transactions import (
+    duplicates,
+    history,
+    transaction_records,
+    transactions,
+)
+from spark_backend.analysis.watermarks import (
+    heartbeat_gaps,
+    holding_back,
+    low_watermark,
+    watermark_series,
+)
 
 __all__ = [
     "anomalies",

@@ -5,7 +5,9 @@ from __future__ import annotations
 import duckdb
 import pandas as pd
 
-EDGE_KINDS = ("root", "split", "merge", "move")
+from spark_backend.model.enums import EdgeKind
+
+EDGE_KINDS = tuple(k.value for k in (EdgeKind.ROOT, EdgeKind.SPLIT, EdgeKind.MERGE, EdgeKind.MOVE))
 
 _EDGES_SQL = """
 WITH e AS (SELECT DISTINCT parent, child FROM edges WHERE stream = $stream),

@@ -8,7 +8,7 @@ from typing import Any
 
 import pandas as pd
 
-from ..timestamps import format_ns
+from ..model.timestamps import format_ns
 
 
 def html(value: Any) -> str:

@@ -8,10 +8,10 @@ from typing import Any
 import duckdb
 import pandas as pd
 
-from ..timestamps import format_ns
-from .dag import edges, partitions, range_end_ns
-from .transactions import duplicates, transaction_counts
-from .watermarks import heartbeat_gaps, low_watermark
+from spark_backend.analysis.dag import edges, partitions, range_end_ns
+from spark_backend.analysis.transactions import duplicates, transaction_counts
+from spark_backend.analysis.watermarks import heartbeat_gaps, low_watermark
+from spark_backend.model.timestamps import format_ns
 
 
 def _ts(ns: Any) -> str | None:
@@ -27,7 +27,7 @@ def _system(con: duckdb.DuckDBPyConnection, stream: str) -> str:
 
 def _systems_module():
     try:
-        from . import systems
+        from spark_backend.analysis import systems
     except ImportError:
         return None
     return systems

@@ -17,7 +17,7 @@ from typing import Any
 import duckdb
 import pandas as pd
 
-from ..timestamps import format_ns
+from spark_backend.model.timestamps import format_ns
 
 NS = 1_000_000_000
 

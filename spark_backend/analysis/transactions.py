@@ -8,7 +8,7 @@ from typing import Any
 import duckdb
 import pandas as pd
 
-from ..records import canonical_json
+from spark_backend.model.records import canonical_json
 
 # Which transactions a filter keeps, over the per-transaction summary table (bound values).
 TRANSACTION_FILTER = """stream = $stream

@@ -5,7 +5,7 @@ from __future__ import annotations
 import duckdb
 import pandas as pd
 
-from .dag import range_end_ns
+from spark_backend.analysis.dag import range_end_ns
 
 
 def low_watermark(

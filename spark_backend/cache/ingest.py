@@ -11,7 +11,7 @@ from typing import Any
 
 import duckdb
 
-from .store import IngestStats
+from spark_backend.cache.store import IngestStats
 
 _KEY = (
     "coalesce(record_id, concat_ws('|', coalesce(partition_token, ''), ts_ns::VARCHAR, "
@@ -178,7 +178,8 @@ def _heartbeats(con, stream, pull_id, count_existing) -> tuple[int, int]:
     )
     counted = "known" if count_existing else "here"
     new_n, new_dups, known_n = con.execute(
-        "SELECT count(*) FILTER (WHERE NOT known), coalesce(sum(n - 1) FILTER (WHERE NOT known), 0),"
+        "SELECT count(*) FILTER (WHERE NOT known), "
+        "coalesce(sum(n - 1) FILTER (WHERE NOT known), 0),"
         f" coalesce(sum(n) FILTER (WHERE {counted}), 0) FROM _hb"
     ).fetchone()
     duplicates = int(new_dups)
@@ -339,7 +340,8 @@ def _quarantine(con, stream, pull_id) -> int:
     if count:
         con.execute(
             "INSERT INTO quarantine (stream, origin, line, reason, raw, pull_id) "
-            "SELECT $stream, coalesce(origin, partition_token), line, extra ->> 'reason', raw, $pull "
+            "SELECT $stream, coalesce(origin, partition_token), line, extra ->> 'reason', raw, "
+            "$pull "
             "FROM _batch WHERE kind = 'bad'",
             {"stream": stream, "pull": pull_id},
         )

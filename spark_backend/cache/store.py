@@ -17,9 +17,9 @@ from typing import Any
 
 import duckdb
 
-from ..config import DEFAULT_MEMORY_LIMIT, MEMORY_ENVVAR
-from ..errors import BadInput, CacheError
-from .schema import DDL, SCHEMA_VERSION
+from spark_backend.cache.schema import DDL, SCHEMA_VERSION
+from spark_backend.model.config import DEFAULT_MEMORY_LIMIT, MEMORY_ENVVAR
+from spark_backend.model.errors import BadInput, CacheError
 
 _STREAM_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]{0,127}$")
 
@@ -117,7 +117,8 @@ class Cache:
         )
 
     def streams(self) -> list[str]:
-        return [r[0] for r in self.con.execute("SELECT stream FROM streams ORDER BY stream").fetchall()]
+        rows = self.con.execute("SELECT stream FROM streams ORDER BY stream").fetchall()
+        return [r[0] for r in rows]
 
     def stream_info(self, stream: str) -> dict[str, Any] | None:
         cur = self.con.execute("SELECT * FROM streams WHERE stream = ?", [stream])
@@ -246,7 +247,7 @@ class Cache:
         that resumes a partition re-reads its last timestamp on purpose.
         ``extra_sql`` statements run in the same transaction (e.g. marking a pull's progress).
         """
-        from .ingest import begin_ingest, end_ingest, ingest_batch
+        from spark_backend.cache.ingest import begin_ingest, end_ingest, ingest_batch
 
         # Parquet output is landed file by file (in the same transaction) to bound memory.
         chunks = sorted(glob.glob(str(batch))) if isinstance(batch, str | Path) else [batch]
@@ -265,3 +266,64 @@ class Cache:
                 self.con.execute(sql, params)
             self._bump()
         return stats
+
+    # --- the questions a pull asks -------------------------------------------------------
+
+    def cached_range(self, stream: str) -> tuple[int | None, int | None]:
+        """(start, end) of what is cached for ``stream``, in UTC nanoseconds (None: nothing)."""
+        row = self.con.execute(
+            "SELECT epoch_ns(range_start), epoch_ns(range_end) FROM streams WHERE stream = ?",
+            [stream],
+        ).fetchone()
+        if row is None:
+            return None, None
+        return (None if row[0] is None else int(row[0]),
+                None if row[1] is None else int(row[1]))
+
+    def partition_count(self, stream: str) -> int:
+        return int(self.con.execute(
+            "SELECT count(*) FROM partitions WHERE stream = ?", [stream]).fetchone()[0])
+
+    def partition_states(self, stream: str) -> dict[str, int]:
+        """How many partitions of ``stream`` are in each state (``PartitionState`` values)."""
+        rows = self.con.execute(
+            "SELECT state, count(*) FROM partitions WHERE stream = ? GROUP BY state", [stream],
+        ).fetchall()
+        return {state: int(n) for state, n in rows}
+
+    def close_running_pulls(self, stream: str) -> None:
+        """Pulls of ``stream`` still marked running were cut off: mark them interrupted."""
+        self.con.execute(
+            "UPDATE pulls SET status = 'interrupted' WHERE stream = ? AND status = 'running'",
+            [stream],
+        )
+
+    def frontier(self, stream: str, end_ns: int) -> list[tuple[str, int]]:
+        """Partitions a pull can read now, with the timestamp to read each from (UTC ns).
+
+        Never read (``pending``), ``open`` (read up to ``read_to`` < ``end_ns``: continue right
+        after it) or ``incomplete`` (a failed read: resume at its watermark) — and only when
+        every parent is known and ``finished`` (a merge child is read once, after all its
+        parents; a parent the cache has not seen yet counts as not finished).
+        """
+        rows = self.con.execute(
+            """
+            SELECT p.token, epoch_ns(CASE
+                     WHEN p.state = 'open' THEN p.read_to
+                     WHEN p.state = 'incomplete'
+                       THEN coalesce(p.watermark, p.read_from, p.start_ts)
+                     ELSE p.start_ts END) AS from_ns, p.state
+            FROM partitions p
+            WHERE p.stream = $stream
+              AND (p.state IN ('pending', 'incomplete')
+                   OR (p.state = 'open' AND p.read_to < make_timestamp_ns($end)))
+              AND NOT EXISTS (
+                  SELECT 1 FROM edges e
+                  LEFT JOIN partitions q ON q.stream = e.stream AND q.token = e.parent
+                  WHERE e.stream = $stream AND e.child = p.token AND e.parent IS NOT NULL
+                    AND (q.token IS NULL OR q.state <> 'finished'))
+              AND coalesce(p.start_ts, make_timestamp_ns(0)) <= make_timestamp_ns($end)
+            ORDER BY p.start_ts, p.token""",
+            {"stream": stream, "end": end_ns},
+        ).fetchall()
+        return [(tok, int(ns) + (1 if state == "open" else 0)) for tok, ns, state in rows]

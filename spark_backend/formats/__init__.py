@@ -12,7 +12,7 @@ import gzip
 import importlib
 from types import ModuleType
 
-from ..errors import BadInput
+from spark_backend.model.errors import BadInput
 
 FORMATS: dict[str, str] = {
     "recording": "spark_backend.formats.recording",

@@ -71,9 +71,9 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
-from ..records import bad_row, canonical_json, partition_end
-from ..timestamps import TimestampError, format_ns, parse_ns
-from . import open_text
+from spark_backend.formats import open_text
+from spark_backend.model.records import bad_row, canonical_json, partition_end
+from spark_backend.model.timestamps import TimestampError, format_ns, parse_ns
 
 FORMAT = "bigtable"
 SYSTEM = "bigtable"
@@ -406,7 +406,8 @@ class _Parser:
         mod_type = "DELETE" if kinds and kinds <= _DELETE_ALL else "UPDATE"
         mod = {"keys": {"row_key": key_text},
                "new_values": {} if mod_type == "DELETE" else new_values, "old_values": {}}
-        elw = _ts(last.estimated_low_watermark) if last.HasField("estimated_low_watermark") else None
+        elw = (_ts(last.estimated_low_watermark)
+               if last.HasField("estimated_low_watermark") else None)
         cluster = dc.source_cluster_id
         tiebreaker = int(dc.tiebreaker)
         extra = {

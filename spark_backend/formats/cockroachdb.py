@@ -57,8 +57,8 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
-from ..records import bad_row, canonical_json
-from . import open_text
+from spark_backend.formats import open_text
+from spark_backend.model.records import bad_row, canonical_json
 
 FORMAT = "cockroachdb"
 SYSTEM = "cockroachdb"

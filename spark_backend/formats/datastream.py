@@ -52,8 +52,8 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
-from ..records import bad_row, canonical_json
-from ..timestamps import TimestampError, coerce_ns, parse_ns
+from spark_backend.model.records import bad_row, canonical_json
+from spark_backend.model.timestamps import TimestampError, coerce_ns, parse_ns
 
 FORMAT = "datastream"
 SYSTEM = "datastream"
@@ -441,7 +441,7 @@ def _jsonable(value: Any) -> Any:
     if isinstance(value, bytes):
         return value.hex()
     if isinstance(value, dt.datetime):
-        from ..timestamps import format_ns, from_datetime
+        from spark_backend.model.timestamps import format_ns, from_datetime
 
         return format_ns(from_datetime(value))
     if isinstance(value, dt.date | dt.time):

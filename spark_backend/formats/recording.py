@@ -7,9 +7,9 @@ import json
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from ..records import RecordError, bad_row, from_change_record
-from ..timestamps import format_ns
-from . import open_text
+from spark_backend.formats import open_text
+from spark_backend.model.records import RecordError, bad_row, from_change_record
+from spark_backend.model.timestamps import format_ns
 
 FORMAT = "recording"
 SYSTEM = "spanner"

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
-from ..records import SPARK_DDL
+from spark_backend.model.records import SPARK_DDL
 
 BATCH_ROWS = 4096
 
@@ -63,9 +63,8 @@ class SpannerChangeStreamDataSource(DataSource):
 
 class SpannerChangeStreamDataSourceReader(DataSourceReader):
     def __init__(self, options: dict):
-        from ..sources.spanner import (
-            SpannerTarget,
-            validate_dialect,
+        from spark_backend.spanner.connect import SpannerTarget, validate_dialect
+        from spark_backend.spanner.reader import (
             validate_heartbeat,
             validate_stream_name,
         )
@@ -102,10 +101,10 @@ class SpannerChangeStreamDataSourceReader(DataSourceReader):
         return [ChangeStreamPartition(i, g) for i, g in enumerate(groups)]
 
     def read(self, partition: ChangeStreamPartition):
-        from .. import config
-        from ..records import batched, to_arrow_batch
-        from ..sources.spanner import SpannerTarget, open_database
-        from ..sources.workflow import read_partitions
+        from spark_backend.model import config
+        from spark_backend.model.records import batched, to_arrow_batch
+        from spark_backend.spanner.connect import SpannerTarget, open_database
+        from spark_backend.spanner.workflow import read_partitions
 
         config.quiet_local_client_env()
         target = SpannerTarget(self.project, self.instance, self.database, self.dialect, self.host)
@@ -169,7 +168,7 @@ class ChangeFilesDataSource(DataSource):
 
 class ChangeFilesDataSourceReader(DataSourceReader):
     def __init__(self, options: dict):
-        from .. import formats
+        from spark_backend import formats
 
         self.format = _require(options, "format")
         formats.get(self.format)  # validates the name, listing the accepted ones
@@ -180,8 +179,8 @@ class ChangeFilesDataSourceReader(DataSourceReader):
         return [FilePartition(i, p) for i, p in enumerate(self.paths)]
 
     def read(self, partition: FilePartition):
-        from .. import formats
-        from ..records import bad_row, batched, to_arrow_batch
+        from spark_backend import formats
+        from spark_backend.model.records import bad_row, batched, to_arrow_batch
 
         module = formats.get(self.format)
 

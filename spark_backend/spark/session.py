@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import threading
 
-from .. import config
+from spark_backend.model import config
 
 _lock = threading.Lock()
 _registered: set[int] = set()
@@ -41,7 +41,10 @@ def spark_session(master: str | None = None, remote: str | None = None):
             )
             spark.sparkContext.setLogLevel("ERROR")
         if id(spark) not in _registered:
-            from .datasource import ChangeFilesDataSource, SpannerChangeStreamDataSource
+            from spark_backend.spark.datasource import (
+                ChangeFilesDataSource,
+                SpannerChangeStreamDataSource,
+            )
 
             spark.dataSource.register(SpannerChangeStreamDataSource)
             spark.dataSource.register(ChangeFilesDataSource)
@@ -66,7 +69,7 @@ def warm_up(spark) -> None:
         import google.cloud.spanner  # noqa: F401
         import pyarrow  # noqa: F401
 
-        import spark_backend.sources.workflow  # noqa: F401
+        import spark_backend.spanner.workflow  # noqa: F401
 
         yield sum(1 for _ in rows)
 

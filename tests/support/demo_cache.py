@@ -1,6 +1,7 @@
 """Fixtures for the dashboard's tests: a demo cache filled through the real pull when it exists.
 
-``demo_cache_path`` pulls the demo world with ``spark_backend.pull.run_pull`` (source ``demo``).
+``demo_cache_path`` pulls the demo world with ``spark_backend.jobs.pull.run_pull`` (source
+``demo``).
 ``land_world`` is the hand-made fallback (and the benchmark's fast path for big worlds): it turns
 the demo world's recording lines into record rows and lands them with ``Cache.ingest``.
 """
@@ -12,8 +13,8 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from spark_backend import records
 from spark_backend.cache.store import Cache
+from spark_backend.model import records
 
 DEMO_SEED = 7
 DEMO_SCALE = 1.0
@@ -62,7 +63,7 @@ def pull_demo(path: str, seed: int = DEMO_SEED, scale: float = DEMO_SCALE) -> st
     While the pull cannot complete (it is being written), the world is landed directly and a
     warning names the pull's error, so the dashboard's tests still check what pages show.
     """
-    from spark_backend.pull import PullRequest, run_pull
+    from spark_backend.jobs.pull import PullRequest, run_pull
 
     with Cache(path) as cache:
         result = run_pull(cache, PullRequest(source="demo", demo_seed=seed, demo_scale=scale))
@@ -71,7 +72,7 @@ def pull_demo(path: str, seed: int = DEMO_SEED, scale: float = DEMO_SCALE) -> st
     warnings.warn(f"run_pull(source='demo') did not complete ({result.error}); "
                   "landing the demo world directly", stacklevel=2)
     Path(path).unlink(missing_ok=True)
-    from fixtures.demo_world import build_world
+    from spark_backend.demo.world import build_world
 
     with Cache(path) as cache:
         land_world(cache, build_world(seed, scale))

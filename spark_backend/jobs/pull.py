@@ -23,21 +23,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import config
-from .cache.store import Cache
-from .errors import BadInput, InspectorError, PullFailed, SourceError
-from .records import to_arrow_batch
-from .sources.spanner import (
-    SpannerTarget,
-    open_database,
+from spark_backend.cache.store import Cache
+from spark_backend.model import config
+from spark_backend.model.enums import PartitionState, Source, values
+from spark_backend.model.errors import BadInput, InspectorError, PullFailed, SourceError
+from spark_backend.model.records import to_arrow_batch
+from spark_backend.model.timestamps import TimestampError, coerce_ns, format_ns, now_ns
+from spark_backend.spanner.connect import SpannerTarget, open_database, validate_dialect
+from spark_backend.spanner.reader import (
     read_partition_rows,
-    validate_dialect,
     validate_heartbeat,
     validate_stream_name,
 )
-from .timestamps import TimestampError, coerce_ns, format_ns, now_ns
 
-SOURCES = ("demo", "emulator", "spanner")
+SOURCES = values(Source)
 
 
 @dataclass
@@ -109,7 +108,8 @@ def _validated(request: PullRequest) -> PullRequest:
                    if not getattr(request, n)]
         if missing:
             flags = ", ".join("--stream" if m == "source_stream" else f"--{m}" for m in missing)
-            raise BadInput(f"The spanner source needs {flags}.", field="stream" if missing[0] == "source_stream" else missing[0])
+            at_fault = "stream" if missing[0] == "source_stream" else missing[0]
+            raise BadInput(f"The spanner source needs {flags}.", field=at_fault)
     for label in ("start", "end"):
         value = getattr(request, label)
         if value is not None:
@@ -134,9 +134,8 @@ def _validated(request: PullRequest) -> PullRequest:
 def _open_source(request: PullRequest) -> Iterator[_Source]:
     """Start what the source needs (demo server, emulator) and stop it afterwards."""
     if request.source == "demo":
-        from fixtures.demo_world import DEMO_STREAM, build_world
-
-        from .sources.demo_server import DemoServer
+        from spark_backend.demo.server import DemoServer
+        from spark_backend.demo.world import DEMO_STREAM, build_world
 
         world = build_world(seed=request.demo_seed, scale=request.demo_scale)
         server = None
@@ -156,7 +155,7 @@ def _open_source(request: PullRequest) -> Iterator[_Source]:
                 server.stop()
         return
     if request.source == "emulator":
-        from .sources import emulator
+        from spark_backend.demo import emulator
 
         try:
             world = emulator.start_emulator_world(dialect=request.dialect, churn_seconds=2)
@@ -184,29 +183,6 @@ def _open_source(request: PullRequest) -> Iterator[_Source]:
 # --- the wave loop ---------------------------------------------------------------------------
 
 
-def _frontier(cache: Cache, stream: str, end_ns: int) -> list[tuple[str, int]]:
-    """Partitions readable now: never read (all parents finished), open, or failed."""
-    rows = cache.con.execute(
-        """
-        SELECT p.token, epoch_ns(CASE
-                 WHEN p.state = 'open' THEN p.read_to
-                 WHEN p.state = 'incomplete' THEN coalesce(p.watermark, p.read_from, p.start_ts)
-                 ELSE p.start_ts END) AS from_ns, p.state
-        FROM partitions p
-        WHERE p.stream = $stream
-          AND (p.state IN ('pending', 'incomplete')
-               OR (p.state = 'open' AND p.read_to < make_timestamp_ns($end)))
-          AND NOT EXISTS (
-              SELECT 1 FROM edges e JOIN partitions q ON q.stream = e.stream AND q.token = e.parent
-              WHERE e.stream = $stream AND e.child = p.token AND q.state <> 'finished')
-          AND coalesce(p.start_ts, make_timestamp_ns(0)) <= make_timestamp_ns($end)
-        ORDER BY p.start_ts, p.token""",
-        {"stream": stream, "end": end_ns},
-    ).fetchall()
-    # An open partition returned every record up to read_to: continue right after it.
-    return [(tok, int(ns) + (1 if state == "open" else 0)) for tok, ns, state in rows]
-
-
 def _initial_query(cache, stream, pull_id, src, request, start_ns, end_ns) -> int:
     """The NULL-token query, on the driver: names the first partitions (and fails fast)."""
     database = open_database(src.target)
@@ -229,7 +205,7 @@ def _read_wave(spark, src, request, parts, end_ns, staging: Path,
     The job runs in a helper thread while this thread relays the tasks' progress notes to
     ``on_progress(partitions_done, records)`` (so a UI callback stays on its own thread).
     """
-    from .spark.session import is_remote
+    from spark_backend.spark.session import is_remote
 
     remote = is_remote(spark)
     progress_dir = staging.parent / f"{staging.name}-progress"
@@ -282,11 +258,6 @@ def _task_progress(progress_dir: Path) -> tuple[int, int]:
     return partitions, records
 
 
-def _known_partitions(cache: Cache, stream: str) -> int:
-    return int(cache.con.execute(
-        "SELECT count(*) FROM partitions WHERE stream = ?", [stream]).fetchone()[0])
-
-
 def _task_slots(spark) -> int:
     try:
         return max(1, int(spark.sparkContext.defaultParallelism))
@@ -305,6 +276,15 @@ def _wave_outcome(cache: Cache, batch: Any) -> tuple[int, int, list[tuple[str, s
     return int(total), int(ended), [(t, e) for t, e in failed]
 
 
+def start_spark(master: str | None = None, remote: str | None = None) -> Any:
+    """Start the Spark session and its Python workers ahead of a pull (seconds saved later)."""
+    from spark_backend.spark.session import spark_session, warm_up
+
+    spark = spark_session(master, remote)
+    warm_up(spark)
+    return spark
+
+
 def run_pull(
     cache: Cache,
     request: PullRequest,
@@ -314,16 +294,15 @@ def run_pull(
     request = _validated(request)
     report = progress or (lambda p: None)
     began = time.monotonic()
-    from .spark.session import spark_session
+    from spark_backend.spark.session import spark_session
 
     # Start the JVM before any gRPC channel exists: forking next to gRPC threads is fragile.
     spark = spark_session(request.spark_master, request.spark_remote)
     with _open_source(request) as src:
         stream = request.stream or src.source_stream
-        info = cache.stream_info(stream)
         start_ns = request.start if request.start is not None else src.default_start_ns
-        if start_ns is None and info is not None:
-            start_ns = int(info["range_start"].timestamp() * 1e9) if info["range_start"] else None
+        if start_ns is None:
+            start_ns = cache.cached_range(stream)[0]  # UTC ns from the cache, any time zone
         if start_ns is None:
             raise BadInput("--start is required for this source (RFC 3339, e.g. "
                            "2026-01-05T09:00:00Z).", field="start")
@@ -337,10 +316,7 @@ def run_pull(
             heartbeat_ms=request.heartbeat_ms,
         )
         _check_range(cache, stream, start_ns)
-        cache.con.execute(
-            "UPDATE pulls SET status = 'interrupted' WHERE stream = ? AND status = 'running'",
-            [stream],
-        )
+        cache.close_running_pulls(stream)
         pull_id = cache.begin_pull(stream, request.source, start_ns, end_ns, request.heartbeat_ms)
         result = PullResult(stream=stream, status="running", pull_id=pull_id)
         try:
@@ -362,15 +338,29 @@ def run_pull(
     return result
 
 
+def _failure_message(failures: list[tuple[str, str]], states: dict[str, int]) -> str:
+    """One sentence: how many partitions failed, what was kept, what is left to read."""
+    token, error = failures[0]
+    failed = len(failures)
+    waiting = states.get(PartitionState.PENDING, 0) + states.get(PartitionState.INCOMPLETE, 0)
+    waiting -= failed
+    which = (f"Partition {token} failed" if failed == 1
+             else f"{failed} partitions failed (first {token})")
+    left = (f", and {waiting} partitions that follow them were not read yet" if waiting > 0
+            else "")
+    return (f"{which} after retries ({error}); "
+            f"{states.get(PartitionState.FINISHED, 0)} partitions were read to their end and "
+            f"{states.get(PartitionState.OPEN, 0)} to the range end and are kept, the failed "
+            f"{'one is' if failed == 1 else 'ones are'} kept as far as read and marked "
+            f"incomplete{left}: pull again to resume.")
+
+
 def _check_range(cache: Cache, stream: str, start_ns: int) -> None:
-    row = cache.con.execute(
-        "SELECT epoch_ns(range_start), (SELECT count(*) FROM partitions WHERE stream = ?) "
-        "FROM streams WHERE stream = ?", [stream, stream],
-    ).fetchone()
-    if row and row[0] is not None and row[1] and start_ns < row[0]:
+    cached_start, _ = cache.cached_range(stream)
+    if cached_start is not None and cache.partition_count(stream) and start_ns < cached_start:
         raise BadInput(
-            f"The cache holds {stream!r} from {format_ns(row[0])}; a pull can extend it to a "
-            "later end but not to an earlier start; give this pull another name with --as.",
+            f"The cache holds {stream!r} from {format_ns(cached_start)}; a pull can extend it to "
+            "a later end but not to an earlier start; give this pull another name with --as.",
             field="start",
         )
 
@@ -378,13 +368,11 @@ def _check_range(cache: Cache, stream: str, start_ns: int) -> None:
 def _run_waves(
     cache, spark, stream, pull_id, src, request, start_ns, end_ns, report, result
 ) -> None:
-    has_partitions = cache.con.execute(
-        "SELECT count(*) FROM partitions WHERE stream = ?", [stream]
-    ).fetchone()[0]
+    has_partitions = cache.partition_count(stream)
     if not has_partitions:
         report(PullProgress(0, 0, 0, 0, "initial query"))
         result.records += _initial_query(cache, stream, pull_id, src, request, start_ns, end_ns)
-    parts = _frontier(cache, stream, end_ns)
+    parts = cache.frontier(stream, end_ns)
     if not parts and has_partitions:
         result.status = "nothing-to-do"
         return
@@ -394,7 +382,7 @@ def _run_waves(
     try:
         while parts:
             result.waves += 1
-            known = _known_partitions(cache, stream)
+            known = cache.partition_count(stream)
             report(PullProgress(result.waves, done, max(known, done + len(parts)), result.records,
                                 f"wave {result.waves}: reading {len(parts)} partitions and "
                                 "the children they lead to"))
@@ -415,20 +403,15 @@ def _run_waves(
             done += ended
             result.records += rows
             result.partitions_read = done
-            report(PullProgress(result.waves, done, _known_partitions(cache, stream),
+            report(PullProgress(result.waves, done, cache.partition_count(stream),
                                 result.records, f"wave {result.waves} landed"))
             failures.extend(failed)
             # Go on with every branch that does not depend on a failed partition.
             given_up = {token for token, _ in failures}
-            parts = [p for p in _frontier(cache, stream, end_ns) if p[0] not in given_up]
+            parts = [p for p in cache.frontier(stream, end_ns) if p[0] not in given_up]
         if failures:
-            token, error = failures[0]
-            more = f" (and {len(failures) - 1} more)" if len(failures) > 1 else ""
-            raise PullFailed(
-                f"Partition {token}{more} failed after retries ({error}); everything else was "
-                "read, what was read is kept and marked incomplete: pull again to resume.",
-                partition=token,
-            )
+            raise PullFailed(_failure_message(failures, cache.partition_states(stream)),
+                             partition=failures[0][0])
         result.status = "complete"
     finally:
         shutil.rmtree(staging_root, ignore_errors=True)

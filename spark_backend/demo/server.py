@@ -44,9 +44,9 @@ that response.
 
 Fault knobs: ``latency_ms`` sleeps before every response; ``cut_after=N`` aborts each attempt of a
 query with UNAVAILABLE after N responses (when more remain), so a long partition read sees
-several cuts and the client's resume-on-UNAVAILABLE makes progress; ``fail_partition=token`` breaks every read of that partition after its first two responses
-(a partition that keeps failing); ``slow_partition=token``
-sleeps ``slow_ms`` before each response of that partition.
+several cuts and the client's resume-on-UNAVAILABLE makes progress; ``fail_partition=token``
+breaks every read of that partition after its first two responses (a partition that keeps
+failing); ``slow_partition=token`` sleeps ``slow_ms`` before each response of that partition.
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ from google.cloud.spanner_v1.types import transaction as _tx
 from google.cloud.spanner_v1.types import type as _ty
 from google.protobuf import empty_pb2, struct_pb2
 
-from fixtures.demo_world import QueryError, World, parse_ts
+from spark_backend.demo.world import QueryError, World, parse_ts
 
 __all__ = [
     "DemoServer",
@@ -107,15 +107,15 @@ def _arr_struct(*fields: tuple[str, Any]) -> Any:
 
 def googlesql_row_type() -> Any:
     """The emulator's row type for ``SELECT ChangeRecord FROM READ_<stream>(...)``."""
-    S, J, B, I, TS = (_t(TC.STRING), _t(TC.JSON), _t(TC.BOOL), _t(TC.INT64), _t(TC.TIMESTAMP))
+    S, J, B, INT, TS = (_t(TC.STRING), _t(TC.JSON), _t(TC.BOOL), _t(TC.INT64), _t(TC.TIMESTAMP))
     dcr = _arr_struct(
         ("commit_timestamp", TS), ("record_sequence", S), ("server_transaction_id", S),
         ("is_last_record_in_transaction_in_partition", B), ("table_name", S),
         ("column_types", _arr_struct(("name", S), ("type", J), ("is_primary_key", B),
-                                     ("ordinal_position", I))),
+                                     ("ordinal_position", INT))),
         ("mods", _arr_struct(("keys", J), ("new_values", J), ("old_values", J))),
-        ("mod_type", S), ("value_capture_type", S), ("number_of_records_in_transaction", I),
-        ("number_of_partitions_in_transaction", I), ("transaction_tag", S),
+        ("mod_type", S), ("value_capture_type", S), ("number_of_records_in_transaction", INT),
+        ("number_of_partitions_in_transaction", INT), ("transaction_tag", S),
         ("is_system_transaction", B),
     )
     hb = _arr_struct(("timestamp", TS))
@@ -587,8 +587,9 @@ class DemoServer:
         db = _dba.Database.pb()(
             name=request.name,
             state=int(_dba.Database.State.READY),
-            database_dialect=int(_dbcommon.DatabaseDialect.POSTGRESQL if self.dialect == "postgresql"
-                                 else _dbcommon.DatabaseDialect.GOOGLE_STANDARD_SQL),
+            database_dialect=int(
+                _dbcommon.DatabaseDialect.POSTGRESQL if self.dialect == "postgresql"
+                else _dbcommon.DatabaseDialect.GOOGLE_STANDARD_SQL),
             version_retention_period="1h",
         )
         db.earliest_version_time.FromNanoseconds(self.world.start)
@@ -652,7 +653,8 @@ class DemoServer:
             name = m.group(3) if m.group(1) else m.group(3).lower()
             if name != stream:
                 raise _SqlError(grpc.StatusCode.NOT_FOUND,
-                                f"[ERROR] function spanner.{m.group(2) if m.group(1) else m.group(2).lower()}"
+                                "[ERROR] function spanner."
+                                f"{m.group(2) if m.group(1) else m.group(2).lower()}"
                                 "(timestamp with time zone, timestamp with time zone, text, "
                                 "bigint, unknown) does not exist")
             args = _split_args(m.group(4))
@@ -844,9 +846,9 @@ def main(argv: list[str] | None = None) -> int:
     import signal
     import sys
 
-    from fixtures.demo_world import build_world
+    from spark_backend.demo.world import build_world
 
-    parser = argparse.ArgumentParser(prog="python -m spark_backend.sources.demo_server")
+    parser = argparse.ArgumentParser(prog="python -m spark_backend.demo.server")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--scale", type=float, default=1.0)
     parser.add_argument("--dialect", choices=["googlesql", "postgresql"], default="googlesql")

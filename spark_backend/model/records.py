@@ -18,7 +18,7 @@ import json
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
-from .timestamps import TimestampError, coerce_ns
+from spark_backend.model.timestamps import TimestampError, coerce_ns
 
 RECORD_FIELDS: list[tuple[str, str]] = [
     ("partition_token", "string"),
@@ -209,7 +209,8 @@ def _child_partitions(cp: Mapping[str, Any], partition_token: str | None) -> dic
         "partition_token": partition_token,
         "kind": "child_partitions",
         "ts_ns": coerce_ns(cp["start_timestamp"]),
-        "record_sequence": None if cp.get("record_sequence") is None else str(cp["record_sequence"]),
+        "record_sequence": (None if cp.get("record_sequence") is None
+                            else str(cp["record_sequence"])),
         "child_partitions": canonical_json(children),
     }
 

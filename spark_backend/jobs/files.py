@@ -13,10 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .. import formats
-from ..cache.store import Cache
-from ..errors import BadInput
-from ..formats import recording
+from spark_backend import formats
+from spark_backend.cache.store import Cache
+from spark_backend.formats import recording
+from spark_backend.model.errors import BadInput
 
 
 @dataclass
@@ -86,7 +86,7 @@ def import_files(
         return ImportResult(stream, len(files), skipped, 0, 0, 0, [])
     if progress:
         progress(f"reading {len(todo)} file(s) with Spark")
-    from ..spark.session import is_remote, spark_session
+    from spark_backend.spark.session import is_remote, spark_session
 
     spark = spark_session(spark_master)
     df = (spark.read.format("change_files")

@@ -25,7 +25,7 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from .spanner import read_partition_rows
+from spark_backend.spanner.reader import read_partition_rows
 
 _DONE = object()
 

@@ -11,20 +11,17 @@ resumed from the last resume token after transient errors, a bounded number of t
 from __future__ import annotations
 
 import json
-import os
 import re
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
-from .. import config
-from ..errors import BadInput, SourceError
-from ..records import RecordError, bad_row, from_change_record, partition_end
+from spark_backend.model import config
+from spark_backend.model.errors import BadInput
+from spark_backend.model.records import RecordError, bad_row, from_change_record, partition_end
+from spark_backend.spanner.connect import validate_dialect
 
 _STREAM_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,127}$")
-_ID = re.compile(r"^[a-z][a-z0-9\-_.:]{0,127}$", re.IGNORECASE)
-DIALECTS = ("googlesql", "postgresql")
 
 GOOGLESQL_QUERY = (
     "SELECT ChangeRecord FROM READ_{stream} ("
@@ -44,13 +41,6 @@ def validate_stream_name(name: str) -> str:
     return name
 
 
-def validate_dialect(dialect: str) -> str:
-    if dialect not in DIALECTS:
-        raise BadInput(f"Unknown dialect {dialect!r}; accepted dialects are googlesql, postgresql.",
-                       field="dialect")
-    return dialect
-
-
 def validate_heartbeat(ms: int) -> int:
     if not isinstance(ms, int) or isinstance(ms, bool) or not (
         config.MIN_HEARTBEAT_MS <= ms <= config.MAX_HEARTBEAT_MS
@@ -66,64 +56,6 @@ def query_text(dialect: str, stream: str) -> str:
     validate_stream_name(stream)
     template = GOOGLESQL_QUERY if validate_dialect(dialect) == "googlesql" else POSTGRESQL_QUERY
     return template.format(stream=stream)
-
-
-@dataclass(frozen=True)
-class SpannerTarget:
-    """Where a database is. ``host`` set: a local Spanner-protocol endpoint (no credentials)."""
-
-    project: str
-    instance: str
-    database: str
-    dialect: str = "googlesql"
-    host: str | None = None
-
-    def __post_init__(self) -> None:
-        for label, value in (("project", self.project), ("instance", self.instance),
-                             ("database", self.database)):
-            if not value or not _ID.match(value):
-                raise BadInput(
-                    f"{label} {value!r} is not a valid Spanner {label} ID; use letters, digits, "
-                    "'-' and '_' (starting with a letter).", field=label,
-                )
-        validate_dialect(self.dialect)
-
-    @property
-    def path(self) -> str:
-        return f"projects/{self.project}/instances/{self.instance}/databases/{self.database}"
-
-
-def open_database(target: SpannerTarget):
-    """A google-cloud-spanner Database for the target (ADC for Cloud Spanner)."""
-    from google.cloud import spanner
-    from google.cloud.spanner_admin_database_v1 import DatabaseDialect
-
-    host = target.host or os.environ.get(config.EMULATOR_HOST_ENVVAR)
-    if host:
-        config.quiet_local_client_env()
-        from google.auth.credentials import AnonymousCredentials
-
-        client = spanner.Client(
-            project=target.project,
-            credentials=AnonymousCredentials(),
-            client_options={"api_endpoint": host},
-        )
-        # The client picks an insecure channel when it sees an emulator host.
-        client._emulator_host = host
-    else:
-        try:
-            client = spanner.Client(project=target.project)
-        except Exception as e:  # google.auth.exceptions.DefaultCredentialsError and friends
-            raise SourceError(
-                "No Google Cloud credentials were found; run `gcloud auth application-default "
-                "login` or set GOOGLE_APPLICATION_CREDENTIALS to a service account key file."
-            ) from e
-    dialect = (
-        DatabaseDialect.POSTGRESQL if target.dialect == "postgresql"
-        else DatabaseDialect.GOOGLE_STANDARD_SQL
-    )
-    instance = client.instance(target.instance)
-    return instance.database(target.database, database_dialect=dialect)
 
 
 # --- decoding --------------------------------------------------------------------------------
@@ -240,7 +172,7 @@ def describe_error(exc: BaseException, stream: str | None = None, target=None) -
 def _params(dialect: str, token: str | None, start_ns: int, end_ns: int | None, hb: int):
     from google.cloud.spanner_v1 import param_types
 
-    from ..timestamps import to_datetime
+    from spark_backend.model.timestamps import to_datetime
 
     start, end = to_datetime(start_ns), (None if end_ns is None else to_datetime(end_ns))
     if dialect == "googlesql":

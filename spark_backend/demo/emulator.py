@@ -53,12 +53,14 @@ import tempfile
 import threading
 import time
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from spark_backend import config
+from spark_backend.model import config
+from spark_backend.spanner import connect
+from spark_backend.spanner.connect import SpannerTarget
 
 Dialect = Literal["googlesql", "postgresql"]
 
@@ -364,38 +366,6 @@ def _terminate_group(proc: subprocess.Popen[bytes]) -> None:
 # clients and provisioning
 
 
-def make_client(host: str, project: str) -> Any:
-    """A ``spanner.Client`` talking plain text to the emulator at ``host``.
-
-    ``SPANNER_EMULATOR_HOST`` in the environment would otherwise win over ``api_endpoint``, so the
-    client is pointed at ``host`` explicitly.
-    """
-    config.quiet_local_client_env()
-    from google.auth.credentials import AnonymousCredentials
-    from google.cloud import spanner
-
-    client = spanner.Client(
-        project=project,
-        credentials=AnonymousCredentials(),
-        client_options={"api_endpoint": host},
-        disable_builtin_metrics=True,
-    )
-    if client._emulator_host != host:  # env var pointed elsewhere
-        client._emulator_host = host
-        client._host = host
-    return client
-
-
-def _dialect_enum(dialect: Dialect) -> Any:
-    from google.cloud.spanner_admin_database_v1.types import DatabaseDialect
-
-    if dialect == "googlesql":
-        return DatabaseDialect.GOOGLE_STANDARD_SQL
-    if dialect == "postgresql":
-        return DatabaseDialect.POSTGRESQL
-    raise ValueError(f"dialect must be 'googlesql' or 'postgresql', not {dialect!r}")
-
-
 def schema_ddl(dialect: Dialect, stream: str = DEFAULT_STREAM) -> list[str]:
     """DDL of the bank schema and its change stream in ``dialect``."""
     if dialect == "googlesql":
@@ -416,7 +386,7 @@ def schema_ddl(dialect: Dialect, stream: str = DEFAULT_STREAM) -> list[str]:
             '"CreatedAt" spanner.commit_timestamp, PRIMARY KEY ("TransferId"))',
             f'CREATE CHANGE STREAM "{stream}" FOR ALL',
         ]
-    _dialect_enum(dialect)
+    connect.database_dialect_enum(dialect)
     raise AssertionError
 
 
@@ -437,8 +407,8 @@ def provision(
     """
     from google.api_core.exceptions import AlreadyExists
 
-    dialect_enum = _dialect_enum(dialect)
-    client = make_client(host, project)
+    dialect_enum = connect.database_dialect_enum(dialect)
+    client = connect.make_client(project, host)
     inst = client.instance(
         instance,
         configuration_name=f"projects/{project}/instanceConfigs/{EMULATOR_INSTANCE_CONFIG}",
@@ -478,8 +448,7 @@ def database_dialect_of(database: Any) -> Dialect:
 
 def open_database(host: str, project: str, instance: str, database: str, dialect: Dialect) -> Any:
     """A ``Database`` handle on the emulator, dialect set (the emulator does not report it)."""
-    client = make_client(host, project)
-    return client.instance(instance).database(database, database_dialect=_dialect_enum(dialect))
+    return connect.open_database(SpannerTarget(project, instance, database, dialect, host))
 
 
 def _check_existing(inst: Any, database: str, dialect: Dialect, stream: str) -> None:
@@ -816,38 +785,3 @@ def start_emulator_world(
 
 # --------------------------------------------------------------------------------------------
 # raw change stream query (diagnostics and tests; the pull path lives elsewhere)
-
-
-def change_stream_sql(dialect: Dialect, stream: str = DEFAULT_STREAM) -> str:
-    if dialect == "googlesql":
-        return (
-            f"SELECT ChangeRecord FROM READ_{stream}(start_timestamp => @s, end_timestamp => @e, "
-            "partition_token => @t, heartbeat_milliseconds => @h)"
-        )
-    return f'SELECT * FROM "spanner"."read_json_{stream}"($1, $2, $3, $4, null)'
-
-
-def query_change_stream(
-    database: Any,
-    dialect: Dialect,
-    stream: str,
-    start: dt.datetime,
-    end: dt.datetime | None,
-    token: str | None,
-    heartbeat_ms: int = 1000,
-) -> Iterator[Any]:
-    """Rows of one change stream query in a single-use strong read-only transaction."""
-    from google.cloud.spanner_v1 import param_types
-
-    if dialect == "googlesql":
-        names = ("s", "e", "t", "h")
-    else:
-        names = ("p1", "p2", "p3", "p4")
-    types = (param_types.TIMESTAMP, param_types.TIMESTAMP, param_types.STRING, param_types.INT64)
-    params = dict(zip(names, (start, end, token, heartbeat_ms), strict=True))
-    with database.snapshot() as snap:
-        yield from snap.execute_sql(
-            change_stream_sql(dialect, stream),
-            params=params,
-            param_types=dict(zip(names, types, strict=True)),
-        )

@@ -92,7 +92,7 @@ def coerce_ns(value) -> int:
 
 def format_duration(seconds: float) -> str:
     """4m12s style."""
-    seconds = int(round(seconds))
+    seconds = round(seconds)
     h, rem = divmod(seconds, 3600)
     m, s = divmod(rem, 60)
     if h:
