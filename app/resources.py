@@ -226,6 +226,14 @@ def schema(path: str, ver: int) -> pd.DataFrame:
     return _run(path, queries.schema)
 
 
+def html_report(path: str, stream: str, stall_s: float, start_ns: int | None,
+                end_ns: int | None) -> bytes:
+    """The self-contained HTML report (``analysis.html_report``), made when asked for."""
+    from spark_backend.analysis.html_report import build_html
+
+    return _run(path, build_html, stream, stall_s, start_ns, end_ns).encode()
+
+
 def export(path: str, stream: str, filters: queries.RecordFilter, fmt: str) -> bytes:
     """Not cached: big, and generated only when the user asks for the file."""
     return _run(path, queries.export_records, stream, filters, fmt)

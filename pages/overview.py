@@ -33,6 +33,14 @@ if worst is not None:
                  query_params={**link, "partition": worst["partition"],
                                "at": timestamp(worst["last_ns"])})
 
+st.download_button(
+    "Download the HTML report", lambda: resources.html_report(c.path, c.stream, c.stall_s,
+                                                              c.start_ns, c.end_ns),
+    file_name="change-stream-report.html", mime="text/html", key="ov_report",
+    icon=":material/download:",
+    help="One self-contained file (the DAG, lag over time, the worst stall, anomalies, "
+         "transactions; plotly embedded, opens offline) for a bug report or an email.")
+
 replay = resources.watermark_replay(c.path, c.version, c.stream, 240, c.start_ns, c.end_ns)
 low = queries.low_watermark_over_time(replay)
 if not low.empty:
