@@ -43,12 +43,12 @@ def _bootstrap(path: str) -> None:
 
         def show(p) -> None:
             bar.progress(pulling.progress_fraction(p))
-            line.write(pulling.progress_text(p))
+            line.text(pulling.progress_text(p))
 
         with resources.pull_lock(path):
             outcome = pulling.pull(resources.open_cache(path), pulling.PullForm(source="demo"),
                                    show, prepare=resources.prepare_pull)
-        box.update(label=outcome.message, state="complete" if outcome.ok else "error")
+        box.update(label=md(outcome.message), state="complete" if outcome.ok else "error")
     if outcome.ok:
         st.switch_page(nav.page("overview"))
 

@@ -279,3 +279,40 @@ def prepare_pull(form: Any) -> str | None:
         return None
     defaults = PullRequest(source="demo")
     return demo_server(defaults.demo_seed, defaults.demo_scale, form.dialect).address
+
+
+# --- live streams ------------------------------------------------------------------------------
+
+
+@st.cache_resource(show_spinner=False)
+def live_runners() -> dict[str, Any]:
+    """The live streams of this server process: stream name -> ``live.LiveRunner``."""
+    return {}
+
+
+def start_live_demo(path: str) -> Any:
+    """Start a live demo world (its own server, Spark warmed first) pulled into ``path`` on a
+    timer; returns its runner."""
+    from spark_backend.demo.live import build_live_world
+    from spark_backend.demo.server import DemoServer
+
+    from . import live, pulling
+
+    warm_spark()  # before any gRPC thread exists: forking next to them is fragile
+    world = build_live_world()
+    server = DemoServer(world, "googlesql")
+    server.start()
+    cache, lock = open_cache(path), pull_lock(path)
+
+    def pull(form: Any, progress: Any) -> Any:
+        with lock:
+            return pulling.pull(cache, form, progress, prepare=lambda f: server.address)
+
+    runner = live.LiveRunner(path, live.new_stream_name(world.now), world, server, pull)
+    live_runners()[runner.stream] = runner
+    runner.start()
+    return runner
+
+
+def live_runner(stream: str | None) -> Any:
+    return live_runners().get(stream) if stream else None
