@@ -33,6 +33,7 @@ class LiveRunner:
     server: Any                  # spark_backend.demo.server.DemoServer serving it
     pull: Callable[[pulling.PullForm, Callable[[Any], None]], pulling.Outcome]
     every_s: float = DEFAULT_EVERY_S
+    history_s: float = 90.0      # the first pull reads this much of the past (then only news)
     ticks: int = 0
     last: str = "starting…"
     last_ok: bool = True
@@ -41,9 +42,13 @@ class LiveRunner:
     _stop: threading.Event = field(default_factory=threading.Event, repr=False)
     _thread: threading.Thread | None = field(default=None, repr=False)
 
+    def __post_init__(self) -> None:
+        self.first_ns = max(self.world.start, self.world.now - int(self.history_s * 1e9))
+        self.first_ns -= self.first_ns % 1000
+
     def form(self) -> pulling.PullForm:
         return pulling.PullForm(source="demo", stream=self.stream,
-                                start=format_ns(self.world.start),
+                                start=format_ns(self.first_ns),
                                 end=format_ns(self.world.end), heartbeat_ms=2000)
 
     def tick(self) -> pulling.Outcome:

@@ -17,6 +17,7 @@ if str(ROOT) not in sys.path:  # `streamlit run app/main.py` puts app/ first, no
 import streamlit as st  # noqa: E402
 
 from app import nav, pulling, resources, state, widgets  # noqa: E402
+from app.live import LIVE_PREFIX  # noqa: E402
 from app.safe import md  # noqa: E402
 from spark_backend.model.errors import InspectorError  # noqa: E402
 
@@ -69,12 +70,14 @@ def _sidebar_stream(path: str) -> str | None:
     chosen = state.take_chosen_stream()
     if chosen in names:  # a page chose it (e.g. a sample just imported)
         state.set_param("stream", chosen)
-        st.session_state.pop("stream_select", None)  # the selectbox starts again at `index`
+        # a new key: the selectbox starts again at `index` (the browser keeps an old key's value)
+        st.session_state["stream_pick_n"] = st.session_state.get("stream_pick_n", 0) + 1
     wanted = state.param("stream")
     if wanted and wanted not in names:
         st.sidebar.error(md(f"No stream {wanted!r} in this cache; showing {names[0]}."))
     index = names.index(wanted) if wanted in names else 0
-    stream = st.sidebar.selectbox("Stream", names, index=index, key="stream_select")
+    stream = st.sidebar.selectbox("Stream", names, index=index,
+                                  key=f"stream_select_{st.session_state.get('stream_pick_n', 0)}")
     state.set_param("stream", stream)
     return stream
 
@@ -136,7 +139,8 @@ def main() -> None:
         stream = _sidebar_stream(path)
         if stream is not None:
             start_ns, end_ns = _sidebar_range()
-    stall, stall_error = state.stall_threshold()
+    stall, stall_error = state.stall_threshold(
+        state.LIVE_STALL_S if stream and stream.startswith(LIVE_PREFIX) else None)
     if stall_error:
         st.sidebar.error(md(stall_error))
     c = state.Ctx(path, version, stream, start_ns, end_ns, stall)

@@ -15,6 +15,7 @@ from spark_backend.model.timestamps import TimestampError, format_ns, parse_ns
 
 PARAMS = ("stream", "start", "end", "partition", "txn", "step", "at", "stall")
 DEFAULT_STALL_S = 60.0
+LIVE_STALL_S = 15.0  # the live demo world runs 4x faster than life
 MIN_STALL_S, MAX_STALL_S = 1.0, 86_400.0
 
 
@@ -92,10 +93,13 @@ def range_text(ns: int | None) -> str:
     return "" if ns is None else format_ns(ns)
 
 
-def stall_threshold() -> tuple[float, str | None]:
-    """The stall threshold from the URL (``stall``, seconds); an error sentence when bad."""
+def stall_threshold(default: float | None = None) -> tuple[float, str | None]:
+    """The stall threshold from the URL (``stall``, seconds); an error sentence when bad.
+    Without one: the threshold chosen in this session, else ``default`` (else 60 s)."""
     text = param("stall")
     if text is None:
+        if default is not None and "stall_s" not in st.session_state:
+            return default, None
         return float(st.session_state.get("stall_s", DEFAULT_STALL_S)), None
     try:
         value = float(text)

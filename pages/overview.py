@@ -83,8 +83,8 @@ records = (resources.records_count(c.path, c.version, c.stream, queries.RecordFi
 txns = (resources.completeness(c.path, c.version, c.stream, queries.TxnFilter(
     start_ns=c.start_ns, end_ns=c.end_ns))["transactions"] if ranged else s["transactions"])
 tiles = st.columns(5)
-live = int((~parts["finished"]).sum()) if not parts.empty else 0
-tiles[0].metric("Partitions", count(len(parts)), f"{live} live · {len(parts) - live} finished",
+alive = int((~parts["finished"]).sum()) if not parts.empty else 0
+tiles[0].metric("Partitions", count(len(parts)), f"{alive} live · {len(parts) - alive} finished",
                 delta_color="off")
 tiles[0].page_link(nav.page("dag"), label="Partition DAG", query_params=link)
 tiles[1].metric("Data change records", count(records),
