@@ -7,6 +7,7 @@ stall threshold, the walkthrough. With an empty cache it pulls the demo world by
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -16,7 +17,7 @@ if str(ROOT) not in sys.path:  # `streamlit run app/main.py` puts app/ first, no
 
 import streamlit as st  # noqa: E402
 
-from app import nav, pulling, resources, state, widgets  # noqa: E402
+from app import nav, resources, state, widgets  # noqa: E402
 from app.live import LIVE_PREFIX  # noqa: E402
 from app.safe import md  # noqa: E402
 from spark_backend.model.errors import InspectorError  # noqa: E402
@@ -34,24 +35,31 @@ def _open(path: str) -> str | None:
 
 
 def _bootstrap(path: str) -> None:
-    """An empty cache: pull the demo world once, showing progress, then land on the overview."""
-    if resources.streams(path) or st.session_state.get("bootstrapped"):
+    """An empty cache: pull the demo world in time slices on a background thread
+    (``app.bootstrap``); once the first slice has landed the pages show it, and the Overview
+    follows the rest as it lands."""
+    boot = resources.bootstrap_of(path)
+    if boot is None and (resources.streams(path) or st.session_state.get("bootstrapped")):
+        return
+    if boot is not None and (boot.slices_done or boot.error or not boot.running):
+        if boot.error:
+            st.error(md(boot.error))
         return
     st.session_state["bootstrapped"] = True
     with st.status("The cache is empty: pulling the demo world…", expanded=True) as box:
-        bar = st.progress(0.0)
         line = st.empty()
-
-        def show(p) -> None:
-            bar.progress(pulling.progress_fraction(p))
-            line.text(pulling.progress_text(p))
-
-        with resources.pull_lock(path):
-            outcome = pulling.pull(resources.open_cache(path), pulling.PullForm(source="demo"),
-                                   show, prepare=resources.prepare_pull)
-        box.update(label=md(outcome.message), state="complete" if outcome.ok else "error")
-    if outcome.ok:
-        st.switch_page(nav.page("overview"))
+        line.text("Starting Spark and the demo server (the first time takes a few seconds)…")
+        boot = resources.start_bootstrap(path)
+        bar = st.progress(0.0)
+        while boot.running and not boot.slices_done:
+            bar.progress(boot.fraction)
+            line.text(boot.progress_text())
+            time.sleep(0.5)
+        if boot.error:
+            box.update(label=md(boot.error), state="error")
+            return
+        box.update(label="The first part of the demo world is cached.", state="complete")
+    st.switch_page(nav.page("overview"))
 
 
 def _sidebar_cache() -> str:

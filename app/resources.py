@@ -316,3 +316,32 @@ def start_live_demo(path: str) -> Any:
 
 def live_runner(stream: str | None) -> Any:
     return live_runners().get(stream) if stream else None
+
+
+# --- the first minute: the demo world into an empty cache, slice by slice -----------------------
+
+
+@st.cache_resource(show_spinner=False)
+def _bootstraps() -> dict[str, Any]:
+    return {}
+
+
+def bootstrap_of(path: str) -> Any:
+    """The bootstrap of this cache file in this server process (``app.bootstrap``), if any."""
+    return _bootstraps().get(path)
+
+
+def start_bootstrap(path: str) -> Any:
+    """Start (once per cache file) pulling the demo world into it slice by slice."""
+    from spark_backend.demo.world import WORLD_DURATION, WORLD_START
+
+    from . import bootstrap, pulling
+
+    boots = _bootstraps()
+    if path not in boots:
+        host = prepare_pull(pulling.PullForm(source="demo"))  # Spark, then the demo server
+        boots[path] = bootstrap.make(path, open_cache(path), pull_lock(path),
+                                     lambda form: host, (WORLD_START, WORLD_START +
+                                                         WORLD_DURATION))
+        boots[path].start()
+    return boots[path]

@@ -63,9 +63,22 @@ def lead(version: int) -> None:
         st.plotly_chart(dag, key="ov_live_dag")
 
 
-if runner is not None and runner.running:
-    st.fragment(run_every=timedelta(seconds=live.DEFAULT_EVERY_S))(
-        lambda: lead(resources.version(c.path)))()
+boot = resources.bootstrap_of(c.path)
+
+
+def following() -> None:
+    """Rerun by itself while data lands: the bootstrap's progress, then the lead."""
+    if boot is not None and (boot.running or boot.error):
+        if boot.error:
+            st.error(md(boot.error))
+        else:
+            st.progress(boot.fraction, text=md(boot.progress_text()))
+    lead(resources.version(c.path))
+
+
+if (runner is not None and runner.running) or (boot is not None and boot.running):
+    every = 2.0 if boot is not None and boot.running else live.DEFAULT_EVERY_S
+    st.fragment(run_every=timedelta(seconds=every))(following)()
 else:
     lead(c.version)
 
