@@ -420,3 +420,55 @@ def test_demo_pull_uses_the_shared_demo_server(tmp_path, world):
         n = cache.con.execute("SELECT count(*) FROM data_change_records WHERE stream = ?",
                               ["DemoAgain"]).fetchone()[0]
     assert n == world.num_data_change_records
+
+
+# --- the issue's fixes under AppTest ------------------------------------------------------------
+
+
+def test_transactions_draw_the_window_of_the_opened_one(demo_cache, world):
+    """More transactions than can be drawn: the density over the whole range, and the window
+    drawn is the one holding the opened transaction (never a silent cut at the first 3,000)."""
+    with Cache(demo_cache) as cache:
+        (txid,) = cache.con.execute(
+            "SELECT server_transaction_id FROM transactions "
+            "WHERE stream = 'DemoStream' AND len(partitions) > 1 "
+            "ORDER BY commit_timestamp DESC LIMIT 1 OFFSET 100").fetchone()
+    at = app(demo_cache, "transactions", txn=txid)
+    said = texts(at)
+    assert f"{len(world.transactions):,} transactions in the range" in said
+    assert "drawn one by one" in said
+    specs = [c.proto.spec for c in at.get("plotly_chart")]
+    assert any(txid in spec for spec in specs), "the opened transaction is on the chart"
+
+
+def test_records_search_in_values_and_the_stream_s_own_placeholder(demo_cache):
+    at = app(demo_cache, "records")
+    assert "AccountId" in at.text_input(key="rec_key").placeholder
+    at.text_input(key="rec_search").set_value("acc-0000001").run()
+    assert not at.exception
+    page = frames(at)[0]
+    assert len(page) > 0 and list(page.columns[:4]) == ["time", "table_name", "keys", "mod_type"]
+    shown = texts(at)
+    assert "rows match" in shown
+
+
+@pytest.mark.parametrize("payload", ["[Your session expired](http://evil.example/)",
+                                     "![x](http://evil.example/x.png)", "<b>bold</b>"])
+def test_url_values_are_escaped_markdown(demo_cache, payload):
+    at = app(demo_cache, "dag", stream=payload, partition=payload)
+    raw = [e.value for e in at.sidebar.error] + [e.value for e in at.error]
+    assert raw, "a message for each bad value"
+    for value in raw:
+        assert "](" not in value and "![" not in value, value  # no link or image can form
+    assert any(payload in plain(v) for v in raw)
+
+
+def test_stalls_find_the_demo_s_stall(demo_cache, world):
+    from spark_backend.analysis import stalls
+
+    token, silent_from, silent_to = world.stall
+    with Cache(demo_cache) as cache:
+        worst = stalls.worst_stall(cache.con, "DemoStream", 60.0)
+    assert worst["partition"] == token and not worst["ongoing"]
+    assert worst["since_ns"] <= silent_from and worst["until_ns"] >= silent_to
+    assert worst["max_lag_s"] > (silent_to - silent_from) / 1e9

@@ -145,13 +145,21 @@ def _free_port() -> int:
 def cache_path(tmp_path_factory) -> str:
     """One cache: the demo world (through the real pull), a 2,000-partition world and a world
     of payloads (landed through ``Cache.ingest``)."""
+    from spark_backend.analysis import stalls
     from spark_backend.cache.store import Cache
 
     path = pull_demo(str(tmp_path_factory.mktemp("browser") / "demo.duckdb"))
     with Cache(path) as cache:
         land_world(cache, big_world())
         land_world(cache, payload_world())
+        # what the tests compare with, read before the server holds the file
+        FACTS["demo_partitions"] = cache.con.execute(
+            "SELECT count(*) FROM partitions WHERE stream = 'DemoStream'").fetchone()[0]
+        FACTS["worst"] = stalls.worst_stall(cache.con, "DemoStream", 60.0)
     return path
+
+
+FACTS: dict = {}
 
 
 @pytest.fixture(scope="module")
@@ -292,12 +300,8 @@ def _dag_marks(page, server: str, stream: str, shot: str) -> dict:
     return marks
 
 
-def test_dag_draws_bars_and_edges_for_the_demo(page, server, cache_path):
-    from spark_backend.cache.store import Cache
-
-    with Cache(cache_path) as cache:
-        n = cache.con.execute("SELECT count(*) FROM partitions WHERE stream = 'DemoStream'"
-                              ).fetchone()[0]
+def test_dag_draws_bars_and_edges_for_the_demo(page, server):
+    n = FACTS["demo_partitions"]
     marks = _dag_marks(page, server, "DemoStream", "dag-demo.png")
     assert marks["bars"] >= n, marks
     assert marks["lineChars"] > 1000, marks  # the split/merge/move edges are drawn paths
@@ -353,12 +357,8 @@ def test_five_clicks_select_five_partitions(page, server):
 # --- a shared Watermarks URL restores its moment -----------------------------------------------
 
 
-def test_shared_watermarks_url_restores_its_moment(page, server, cache_path):
-    from spark_backend.analysis import stalls
-    from spark_backend.cache.store import Cache
-
-    with Cache(cache_path) as cache:
-        worst = stalls.worst_stall(cache.con, "DemoStream", 60.0)
+def test_shared_watermarks_url_restores_its_moment(page, server):
+    worst = FACTS["worst"]
     middle = (worst["since_ns"] + worst["until_ns"]) // 2
     query = urllib.parse.urlencode({"stream": "DemoStream", "at": format_ns(middle),
                                     "partition": worst["partition"]})
