@@ -10,6 +10,7 @@ through :func:`html` first.
 
 from __future__ import annotations
 
+import re
 import string
 from typing import Any
 
@@ -18,11 +19,18 @@ from spark_backend.analysis.display import html  # noqa: F401  (for Plotly label
 _PUNCT = frozenset(string.punctuation)
 
 
+ZWSP = "\u200b"
+_WWW = re.compile(r"(www)(?=\\\.)", re.IGNORECASE)
+
+
 def md(value: Any) -> str:
-    """``value`` as markdown that shows exactly its characters: every ASCII punctuation
-    character backslash-escaped (CommonMark allows it for all of them), so no link, image,
-    autolink (``http\\://``), emphasis, code, directive or maths can form; newlines become
-    spaces."""
+    """``value`` as markdown that shows its characters: every ASCII punctuation character
+    backslash-escaped (CommonMark allows it for all of them), so no link, image, emphasis, code,
+    directive or maths can form; newlines become spaces. GFM autolinks form on the text after
+    escapes (``http://x``, ``www.x``, ``a@b.c``): a zero-width space after ``:`` and ``@`` and
+    inside ``www.`` breaks them without changing what is seen."""
     text = str(value).replace("\r", " ").replace("\n", " ")
-    return "".join("\\" + ch if ch in _PUNCT else ch for ch in text)
+    out = "".join("\\" + ch + (ZWSP if ch in ":@" else "") if ch in _PUNCT else ch
+                  for ch in text)
+    return _WWW.sub(r"\1" + ZWSP, out)
 

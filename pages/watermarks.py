@@ -17,6 +17,7 @@ from app.safe import md
 c = widgets.need_stream()
 widgets.walkthrough_banner("watermarks")
 st.title("Watermarks")
+head = st.container()  # the worst stall and the state now lead; the threshold comes after
 
 threshold = st.number_input(
     "Stall threshold (seconds behind)", min_value=state.MIN_STALL_S,
@@ -30,10 +31,10 @@ if threshold != c.stall_s:
 found = resources.stalls(c.path, c.version, c.stream, threshold, c.start_ns, c.end_ns)
 worst = found[0] if found else None
 now = resources.current_state(c.path, c.version, c.stream, c.start_ns, c.end_ns)
-st.markdown("#### " + stall_sentence(worst, threshold))
-st.markdown(current_sentence(now, threshold))
+head.markdown("#### " + stall_sentence(worst, threshold))
+head.markdown(current_sentence(now, threshold))
 if len(found) > 1:
-    st.caption(f"{len(found)} stalls in this range; the table below lists them, costliest "
+    head.caption(f"{len(found)} stalls in this range; the table below lists them, costliest "
                "first." + range_clip_note(c.start_ns, c.end_ns))
 
 replay = resources.watermark_replay(c.path, c.version, c.stream, 240, c.start_ns, c.end_ns)
