@@ -202,10 +202,14 @@ def txn_points(
     ).df()
 
 
+def _tparams(stream: str, f: TxnFilter) -> dict[str, Any]:
+    return transaction_filter_params(stream, f.table, f.tag, f.mod_type, f.start_ns, f.end_ns)
+
+
 def _txn_bounds(con: duckdb.DuckDBPyConnection, stream: str, f: TxnFilter) -> tuple[int, int]:
     row = con.execute(
-        f"SELECT epoch_ns(min(commit_timestamp)), epoch_ns(max(commit_timestamp)) "
-        f"FROM data_change_records WHERE {_txn_where(f)}", _txn_params(stream, f)).fetchone()
+        "SELECT epoch_ns(min(commit_timestamp)), epoch_ns(max(commit_timestamp)) "
+        "FROM transactions WHERE " + TRANSACTION_FILTER, _tparams(stream, f)).fetchone()
     lo = f.start_ns if f.start_ns is not None else row[0]
     hi = f.end_ns if f.end_ns is not None else row[1]
     return (lo, hi) if lo is not None and hi is not None else (0, 0)
@@ -224,33 +228,34 @@ def bucket_width(lo: int, hi: int, buckets: int) -> int:
 def txn_buckets(con: duckdb.DuckDBPyConnection, stream: str, f: TxnFilter,
                 buckets: int = 120) -> pd.DataFrame:
     """Transactions (by their first commit) per time bucket over the filtered range: every
-    bucket of the range, empty ones with 0 (bucket_ns, transactions)."""
+    bucket of the range, empty ones with 0 (bucket_ns, transactions). From the per-transaction
+    summary the cache keeps, not the records."""
     lo, hi = _txn_bounds(con, stream, f)
     width = bucket_width(lo, hi, buckets)
     lo -= lo % width
     return con.execute(
-        f"""WITH t AS (SELECT server_transaction_id, min(commit_timestamp) AS c
-                       FROM data_change_records WHERE {_txn_where(f)} GROUP BY ALL),
-                 b AS (SELECT (epoch_ns(c) - $lo) // $w AS i, count(*) AS n FROM t GROUP BY 1)
+        """WITH b AS (SELECT (epoch_ns(commit_timestamp) - $lo) // $w AS i, count(*) AS n
+                      FROM transactions WHERE """ + TRANSACTION_FILTER + """ GROUP BY 1)
             SELECT $lo + r.i * $w AS bucket_ns, coalesce(b.n, 0) AS transactions
             FROM range(0, $k) r(i) LEFT JOIN b ON b.i = r.i ORDER BY 1""",
-        {**_txn_params(stream, f), "lo": int(lo), "w": int(width),
+        {**_tparams(stream, f), "lo": int(lo), "w": int(width),
          "k": int((hi - lo) // width + 1)},
     ).df()
 
 
 def txn_density(con: duckdb.DuckDBPyConnection, stream: str, f: TxnFilter,
                 buckets: int = 120) -> pd.DataFrame:
-    """Transactions per (time bucket, partition): bucket_ns, partition, transactions."""
+    """Transactions per (time bucket, partition touched): bucket_ns, partition, transactions."""
     lo, hi = _txn_bounds(con, stream, f)
     width = bucket_width(lo, hi, buckets)
     lo -= lo % width
     return con.execute(
-        f"""SELECT $lo + ((epoch_ns(commit_timestamp) - $lo) // $w) * $w AS bucket_ns,
-                   partition_token AS partition,
-                   count(DISTINCT server_transaction_id) AS transactions
-            FROM data_change_records WHERE {_txn_where(f)} GROUP BY ALL ORDER BY 1, 2""",
-        {**_txn_params(stream, f), "lo": int(lo), "w": int(width)},
+        """WITH t AS (SELECT $lo + ((epoch_ns(commit_timestamp) - $lo) // $w) * $w AS bucket_ns,
+                             unnest(partitions) AS partition
+                      FROM transactions WHERE """ + TRANSACTION_FILTER + """)
+           SELECT bucket_ns, partition, count(*) AS transactions FROM t
+           GROUP BY ALL ORDER BY 1, 2""",
+        {**_tparams(stream, f), "lo": int(lo), "w": int(width)},
     ).df()
 
 
@@ -356,10 +361,15 @@ def records_page(
             ORDER BY ts, record_key LIMIT $size""",
         params,
     ).df()
-    keys = con.execute(
+    data = page[page["kind"] == "data_change"]
+    keys = con.execute(  # the page's time window first: zone maps skip the rest of mods
         """SELECT record_key, CAST(keys AS VARCHAR) AS keys FROM mods
-           WHERE stream = $stream AND mod_index = 0 AND list_contains($k, record_key)""",
-        {"stream": stream, "k": list(page["record_key"])},
+           WHERE stream = $stream AND mod_index = 0
+             AND commit_timestamp BETWEEN make_timestamp_ns($lo) AND make_timestamp_ns($hi)
+             AND list_contains($k, record_key)""",
+        {"stream": stream, "k": list(data["record_key"]),
+         "lo": int(data["ts_ns"].min()) if len(data) else 0,
+         "hi": int(data["ts_ns"].max()) if len(data) else 0},
     ).df()
     page = page.merge(keys, on="record_key", how="left")
     front = ["ts_ns", "table_name", "keys", "mod_type"]
