@@ -220,7 +220,8 @@ def page(browser):
 
     def only_local(route) -> None:
         host = urllib.parse.urlparse(route.request.url).hostname
-        if host in ("127.0.0.1", "localhost") or route.request.url.startswith(("data:", "blob:")):
+        local = route.request.url.startswith(("data:", "blob:", "file:"))
+        if host in ("127.0.0.1", "localhost") or local:
             route.continue_()
         else:
             tab.outside.append(route.request.url)
@@ -398,7 +399,8 @@ def test_shared_watermarks_url_restores_its_moment(page, server):
 # --- payloads render as text --------------------------------------------------------------------
 
 _FORMED_JS = """() => ({
-  links: [...document.querySelectorAll('a[href*="evil.example"]')].length,
+  links: [...document.querySelectorAll('a[href]')]
+         .filter(a => new URL(a.href, location.href).hostname.includes('evil')).length,
   images: [...document.querySelectorAll('img[src*="evil.example"], image[href*="evil"]')].length,
   bold: [...document.querySelectorAll('[data-testid="stMain"] b, [data-testid="stSidebar"] b')]
         .filter(b => b.textContent === 'bold').length,

@@ -113,7 +113,7 @@ def dag_figure(nodes: pd.DataFrame, segments: pd.DataFrame, highlight: Sequence[
             hoverinfo="skip", cliponaxis=False))
     lanes = int(df["lane"].max()) + 1
     if not labelled.empty:  # room on the right for the names
-        fig.update_xaxes(range=[to_datetime(lo), to_datetime(hi + (hi - lo) // 4)])
+        fig.update_xaxes(range=[to_datetime(lo), to_datetime(hi + (hi - lo) // 3)])
     fig.update_layout(
         height=height or max(360, min(1400, 110 + lanes * 18)), barmode="overlay",
         margin=dict(l=10, r=10, t=50, b=10), legend=_LEGEND, clickmode="event+select",
