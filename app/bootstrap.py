@@ -30,7 +30,8 @@ class Bootstrap:
     path: str
     start_ns: int
     end_ns: int
-    pull: Callable[[pulling.PullForm], pulling.Outcome]
+    prepare: Callable[[], str]   # starts Spark and the demo server; returns the server's host
+    pull: Callable[[pulling.PullForm, str], pulling.Outcome]
     low_watermark: Callable[[], int | None]
     covered_ns: int | None = None
     slices_done: int = 0
@@ -49,11 +50,16 @@ class Bootstrap:
         self._thread.start()
 
     def _run(self) -> None:
+        try:
+            host = self.prepare()
+        except Exception as e:  # Spark or the server did not start: say so on the page
+            self.error = f"The demo could not start: {str(e).splitlines()[0]}"
+            return
         for end in self.ends():
             self.message = (f"reading the demo world up to {format_ns(end)[11:19]} "
                             f"(slice {self.slices_done + 1} of {len(SLICES_S)})")
             outcome = self.pull(pulling.PullForm(source="demo", start=format_ns(self.start_ns),
-                                                 end=format_ns(end)))
+                                                 end=format_ns(end)), host)
             if not outcome.ok:
                 self.error = outcome.message
                 return
@@ -82,14 +88,14 @@ class Bootstrap:
                 f"its hour ({covered}); now {self.message}.")
 
 
-def make(path: str, cache: Any, lock: Any, prepare: Callable[[Any], str | None],
+def make(path: str, cache: Any, lock: Any, prepare: Callable[[], str],
          world_bounds: tuple[int, int]) -> Bootstrap:
     """A bootstrap of ``path`` (not started)."""
     from spark_backend.analysis import low_watermark
 
-    def pull(form: pulling.PullForm) -> pulling.Outcome:
+    def pull(form: pulling.PullForm, host: str) -> pulling.Outcome:
         with lock:
-            return pulling.pull(cache, form, lambda p: None, prepare=prepare)
+            return pulling.pull(cache, form, lambda p: None, prepare=lambda f: host)
 
     def low() -> int | None:
         con = cache.cursor()
@@ -99,4 +105,4 @@ def make(path: str, cache: Any, lock: Any, prepare: Callable[[Any], str | None],
         finally:
             con.close()
 
-    return Bootstrap(path, world_bounds[0], world_bounds[1], pull, low)
+    return Bootstrap(path, world_bounds[0], world_bounds[1], prepare, pull, low)

@@ -46,10 +46,9 @@ def _bootstrap(path: str) -> None:
             st.error(md(boot.error))
         return
     st.session_state["bootstrapped"] = True
+    boot = resources.start_bootstrap(path)  # returns at once; its thread starts Spark
     with st.status("The cache is empty: pulling the demo world…", expanded=True) as box:
         line = st.empty()
-        line.text("Starting Spark and the demo server (the first time takes a few seconds)…")
-        boot = resources.start_bootstrap(path)
         bar = st.progress(0.0)
         while boot.running and not boot.slices_done:
             bar.progress(boot.fraction)

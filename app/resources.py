@@ -332,16 +332,30 @@ def bootstrap_of(path: str) -> Any:
 
 
 def start_bootstrap(path: str) -> Any:
-    """Start (once per cache file) pulling the demo world into it slice by slice."""
+    """Start (once per cache file) pulling the demo world into it slice by slice. Returns at
+    once: Spark and the demo server start on the bootstrap's own thread."""
     from spark_backend.demo.world import WORLD_DURATION, WORLD_START
 
-    from . import bootstrap, pulling
+    from . import bootstrap
 
     boots = _bootstraps()
     if path not in boots:
-        host = prepare_pull(pulling.PullForm(source="demo"))  # Spark, then the demo server
-        boots[path] = bootstrap.make(path, open_cache(path), pull_lock(path),
-                                     lambda form: host, (WORLD_START, WORLD_START +
-                                                         WORLD_DURATION))
+        servers: list[Any] = []
+
+        def prepare() -> str:
+            from spark_backend.demo.server import DemoServer
+            from spark_backend.demo.world import build_world
+            from spark_backend.jobs.pull import PullRequest
+            from spark_backend.spark.session import spark_session, warm_up
+
+            warm_up(spark_session())  # before any gRPC thread: forking next to them is fragile
+            defaults = PullRequest(source="demo")
+            server = DemoServer(build_world(defaults.demo_seed, defaults.demo_scale), "googlesql")
+            servers.append(server)
+            return server.start()
+
+        boots[path] = bootstrap.make(path, open_cache(path), pull_lock(path), prepare,
+                                     (WORLD_START, WORLD_START + WORLD_DURATION))
+        boots[path].servers = servers
         boots[path].start()
     return boots[path]

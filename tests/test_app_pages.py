@@ -306,7 +306,7 @@ def next_to(at: AppTest, key: str) -> list[str]:
                 for after in kids[i + 1:]:
                     if type(after).__name__ != "Error":
                         break
-                    out.append(after.value)
+                    out.append(plain(after.value))
                 return out
     raise AssertionError(f"no widget {key!r} in a column")
 
