@@ -118,7 +118,8 @@ st.caption("The demo world replayed against the clock, 4× faster than life: par
            "and merge every few tens of seconds, and one partition goes silent 30 s after the "
            "start and speaks again 90 s later. It is served by a local Spanner-protocol server "
            "and pulled every 5 s into a stream of its own (only the new span is read); the "
-           "Overview follows it live. It plays for about 15 minutes.")
+           "Overview follows it live. It plays for about 8 minutes (the rest of the recorded "
+           "hour).")
 runners = resources.live_runners()
 running = [r for r in runners.values() if r.running]
 l1, l2 = st.columns([1, 3])
