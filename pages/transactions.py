@@ -71,9 +71,11 @@ if total > MAX_DRAWN:
     st.plotly_chart(figures.txn_density_figure(density, lanes, (lo, hi)), key="txn_density")
     st.caption(f"{count(total)} transactions in the range, more than the {count(MAX_DRAWN)} "
                "drawn one by one: above, how many began per partition lane and time bucket "
-               f"over the whole range. Below: the {count(drawn)} that began from {clock(lo)} "
-               f"to {clock(hi)} (outlined above), one dot per partition each touched; move the "
-               "window to see others.")
+               "over the whole range. Below: "
+               + (f"the {count(drawn)}" if drawn <= MAX_DRAWN else
+                  f"the first {count(MAX_DRAWN)} of the {count(drawn)}")
+               + f" that began from {clock(lo)} to {clock(hi)} (outlined above), one dot per "
+               "partition each touched; move the window to see others.")
 else:
     st.caption(f"All {count(total)} transactions of the range, one dot per partition each "
                "touched; lines join a transaction's partitions. Click a dot to open it.")
