@@ -345,10 +345,9 @@ def start_bootstrap(path: str) -> Any:
         def prepare() -> str:
             from spark_backend.demo.server import DemoServer
             from spark_backend.demo.world import build_world
-            from spark_backend.jobs.pull import PullRequest
-            from spark_backend.spark.session import spark_session, warm_up
+            from spark_backend.jobs.pull import PullRequest, start_spark
 
-            warm_up(spark_session())  # before any gRPC thread: forking next to them is fragile
+            start_spark()  # before any gRPC thread: forking next to them is fragile
             defaults = PullRequest(source="demo")
             server = DemoServer(build_world(defaults.demo_seed, defaults.demo_scale), "googlesql")
             servers.append(server)
