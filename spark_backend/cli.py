@@ -51,7 +51,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--start", help="RFC 3339 start (default: the source's beginning)")
     p.add_argument("--end", help="RFC 3339 end (default: now, or the demo world's end)")
     p.add_argument("--heartbeat-ms", type=int, default=config.DEFAULT_HEARTBEAT_MS)
-    p.add_argument("--dialect", choices=["googlesql", "postgresql"], default="googlesql")
+    p.add_argument("--dialect", choices=["googlesql", "postgresql"], default=None,
+                   help="override the database's own dialect (asked from the database)")
     p.add_argument("--spark-master", help=f"Spark master (default: ${config.SPARK_MASTER_ENVVAR}"
                                           " or local[*])")
     p.add_argument("--spark-remote", help="Spark Connect endpoint, e.g. sc://host:15002 "

@@ -4,7 +4,7 @@ Pure SQL; every value is a bound parameter. Timestamps come back as integer nano
 (``*_ns``) so callers format them with full precision.
 """
 
-from spark_backend.analysis.dag import edges, partition_detail, partitions
+from spark_backend.analysis.dag import edges, key_range_moves, partition_detail, partitions
 from spark_backend.analysis.report import anomalies, build_report, summary
 from spark_backend.analysis.transactions import (
     duplicates,
@@ -27,6 +27,7 @@ __all__ = [
     "heartbeat_gaps",
     "history",
     "holding_back",
+    "key_range_moves",
     "low_watermark",
     "partition_detail",
     "partitions",

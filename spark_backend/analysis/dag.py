@@ -7,25 +7,62 @@ import pandas as pd
 
 from spark_backend.model.enums import EdgeKind
 
-EDGE_KINDS = tuple(k.value for k in (EdgeKind.ROOT, EdgeKind.SPLIT, EdgeKind.MERGE, EdgeKind.MOVE))
+EDGE_KINDS = tuple(k.value for k in (EdgeKind.ROOT, EdgeKind.SPLIT, EdgeKind.MERGE, EdgeKind.MOVE,
+                                      EdgeKind.MOVE_IN, EdgeKind.MOVE_OUT))
 
 _EDGES_SQL = """
-WITH e AS (SELECT DISTINCT parent, child FROM edges WHERE stream = $stream),
+WITH e AS (SELECT parent, child, min(start_ts) AS ts FROM edges WHERE stream = $stream
+           GROUP BY ALL),
      n_parents AS (SELECT child, count(parent) AS n FROM e GROUP BY child),
-     n_children AS (SELECT parent, count(*) AS n FROM e WHERE parent IS NOT NULL GROUP BY parent)
-SELECT e.parent, e.child,
-       CASE WHEN e.parent IS NULL THEN 'root'
-            WHEN np.n > 1 THEN 'merge'
-            WHEN nc.n > 1 THEN 'split'
-            ELSE 'move' END AS kind
-FROM e JOIN n_parents np USING (child) LEFT JOIN n_children nc ON nc.parent = e.parent
-ORDER BY e.parent NULLS FIRST, e.child
+     n_children AS (SELECT parent, count(*) AS n FROM e WHERE parent IS NOT NULL GROUP BY parent),
+     -- MUTABLE_KEY_RANGE: key ranges moving between partitions (partition event records)
+     moves AS (
+        SELECT partition_token AS parent, unnest(from_json(move_out, '["VARCHAR"]')) AS child,
+               'move_out' AS kind, timestamp AS ts
+        FROM partition_records WHERE stream = $stream AND kind = 'partition_event'
+        UNION ALL
+        SELECT unnest(from_json(move_in, '["VARCHAR"]')) AS parent, partition_token AS child,
+               'move_in' AS kind, timestamp AS ts
+        FROM partition_records WHERE stream = $stream AND kind = 'partition_event')
+SELECT parent, child, kind, ts_ns FROM (
+    SELECT e.parent, e.child,
+           CASE WHEN e.parent IS NULL THEN 'root'
+                WHEN np.n > 1 THEN 'merge'
+                WHEN nc.n > 1 THEN 'split'
+                ELSE 'move' END AS kind,
+           epoch_ns(e.ts) AS ts_ns, 0 AS o
+    FROM e JOIN n_parents np USING (child) LEFT JOIN n_children nc ON nc.parent = e.parent
+    UNION ALL
+    SELECT DISTINCT parent, child, kind, epoch_ns(ts) AS ts_ns, 1 AS o FROM moves)
+ORDER BY o, parent NULLS FIRST, child, ts_ns, kind
 """
 
 
 def edges(con: duckdb.DuckDBPyConnection, stream: str) -> pd.DataFrame:
-    """parent (None for children of the initial query), child, kind (root/split/merge/move)."""
+    """parent (None for children of the initial query), child, kind, ts_ns.
+
+    Kinds: root/split/merge/move from the records that announced partitions (``ts_ns``: the
+    child's start); ``move_out``/``move_in`` for MUTABLE_KEY_RANGE key-range moves, one edge
+    per partition event record side (parent: the partition the range moved out of, child: the
+    one it moved into, ``ts_ns``: the commit timestamp of the move)."""
     return con.execute(_EDGES_SQL, {"stream": stream}).df()
+
+
+def key_range_moves(con: duckdb.DuckDBPyConnection, stream: str) -> pd.DataFrame:
+    """MUTABLE_KEY_RANGE key-range moves: ``source``, ``destination``, ``ts_ns``, and whether
+    each side's partition event record was read (``move_out_seen``, ``move_in_seen``)."""
+    df = edges(con, stream)
+    moves = df[df["kind"].isin([EdgeKind.MOVE_IN.value, EdgeKind.MOVE_OUT.value])]
+    if moves.empty:
+        return pd.DataFrame({"source": [], "destination": [], "ts_ns": [],
+                             "move_out_seen": [], "move_in_seen": []})
+    out = (moves.assign(seen=True)
+           .pivot_table(index=["parent", "child", "ts_ns"], columns="kind", values="seen",
+                        aggfunc="any", fill_value=False)
+           .reset_index().rename(columns={"parent": "source", "child": "destination"}))
+    for side in ("move_out", "move_in"):
+        out[f"{side}_seen"] = out[side].astype(bool) if side in out else False
+    return out[["source", "destination", "ts_ns", "move_out_seen", "move_in_seen"]]
 
 
 def range_end_ns(con: duckdb.DuckDBPyConnection, stream: str) -> int | None:

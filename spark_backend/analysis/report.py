@@ -105,14 +105,18 @@ def anomalies(
 
 def summary(con: duckdb.DuckDBPyConnection, stream: str) -> dict[str, Any]:
     """Counts for the overview: records by kind, partitions by state, range."""
-    dc, dc_tx = con.execute(
-        "SELECT count(*), count(DISTINCT server_transaction_id) FROM data_change_records "
+    dc, dc_tx, no_time = con.execute(
+        "SELECT count(*), count(DISTINCT server_transaction_id), "
+        "count(*) FILTER (WHERE commit_timestamp IS NULL) FROM data_change_records "
         "WHERE stream = ?", [stream]
     ).fetchone()
     (hb,) = con.execute("SELECT count(*) FROM heartbeats WHERE stream = ?", [stream]).fetchone()
     (cp,) = con.execute(
         "SELECT count(*) FROM child_partitions_records WHERE stream = ?", [stream]
     ).fetchone()
+    pr = dict(con.execute(  # MUTABLE_KEY_RANGE partition start / event / end records
+        "SELECT kind, count(*) FROM partition_records WHERE stream = ? GROUP BY ALL", [stream]
+    ).fetchall())
     states = dict(con.execute(
         "SELECT state, count(*) FROM partitions WHERE stream = ? GROUP BY ALL", [stream]
     ).fetchall())
@@ -122,7 +126,10 @@ def summary(con: duckdb.DuckDBPyConnection, stream: str) -> dict[str, Any]:
         "WHERE stream = ?", [stream]
     ).fetchone()
     return {
-        "records": {"data_change": int(dc), "heartbeat": int(hb), "child_partitions": int(cp)},
+        "records": {"data_change": int(dc), "heartbeat": int(hb), "child_partitions": int(cp),
+                    **{k: int(v) for k, v in sorted(pr.items())},
+                    # the source gave no time for these (shown as unknown, never the epoch)
+                    "data_change_without_time": int(no_time)},
         "transactions": int(dc_tx),
         "partitions": {k: int(v) for k, v in states.items()},
         "quarantined": int(bad),

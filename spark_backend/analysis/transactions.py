@@ -45,7 +45,12 @@ def transactions(
         SELECT server_transaction_id, epoch_ns(commit_timestamp) AS commit_ns, records_seen,
                records_expected, len(partitions) AS partitions_seen, partitions_expected,
                partitions, tables, mod_types, transaction_tag, mods,
-               records_expected IS NOT NULL AND records_seen = records_expected AS complete
+               records_expected IS NOT NULL AND records_seen = records_expected AS complete,
+               -- a system that gives no record count (Datastream's tx_id): unknown, never
+               -- incomplete
+               CASE WHEN records_expected IS NULL THEN 'unknown'
+                    WHEN records_seen = records_expected THEN 'complete'
+                    ELSE 'incomplete' END AS state
         FROM transactions
         WHERE """ + TRANSACTION_FILTER + """
         ORDER BY commit_timestamp, server_transaction_id
@@ -56,13 +61,18 @@ def transactions(
 
 
 def transaction_counts(con: duckdb.DuckDBPyConnection, stream: str) -> dict[str, Any]:
-    total, complete = con.execute(
-        "SELECT count(*), count(*) FILTER (WHERE records_seen = records_expected) "
+    """Complete: records seen = the count the system gave; incomplete: fewer or more;
+    unknown: the system gives no count (never counted as incomplete)."""
+    total, complete, unknown = con.execute(
+        "SELECT count(*), count(*) FILTER (WHERE records_seen = records_expected), "
+        "count(*) FILTER (WHERE records_expected IS NULL) "
         "FROM transactions WHERE stream = ?", [stream]).fetchone()
     incomplete = [r[0] for r in con.execute(
         "SELECT server_transaction_id FROM transactions WHERE stream = ? "
-        "AND records_seen IS DISTINCT FROM records_expected ORDER BY 1", [stream]).fetchall()]
-    return {"total": int(total), "complete": int(complete), "incomplete": incomplete}
+        "AND records_expected IS NOT NULL AND records_seen <> records_expected ORDER BY 1",
+        [stream]).fetchall()]
+    return {"total": int(total), "complete": int(complete), "incomplete": incomplete,
+            "unknown": int(unknown)}
 
 
 def transaction_records(

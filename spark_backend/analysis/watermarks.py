@@ -7,6 +7,23 @@ import pandas as pd
 
 from spark_backend.analysis.dag import range_end_ns
 
+# Every progress mark: the cache's view plus MUTABLE_KEY_RANGE partition start/event/end records
+# (kept out of the view, whose definition is re-created at every open of the cache).
+_MARKS = """(SELECT stream, partition_token, ts, kind FROM progress_marks
+             UNION ALL
+             SELECT stream, partition_token, timestamp AS ts, kind FROM partition_records
+             WHERE partition_token IS NOT NULL)"""
+
+# Systems without a watermark of their own: Datastream events carry none (reference doc 001;
+# its consumers see freshness, ``systems.freshness``), so no low watermark, nobody holding the
+# stream back and no heartbeat gaps are made up for them.
+NO_WATERMARK_SYSTEMS = ("datastream",)
+
+
+def has_watermark(con: duckdb.DuckDBPyConnection, stream: str) -> bool:
+    row = con.execute("SELECT system FROM streams WHERE stream = ?", [stream]).fetchone()
+    return row is None or row[0] not in NO_WATERMARK_SYSTEMS
+
 
 def low_watermark(
     con: duckdb.DuckDBPyConnection, stream: str
@@ -14,8 +31,10 @@ def low_watermark(
     """(low watermark ns, the partition holding it) over partitions that are not finished.
 
     With every partition finished the stream has no low watermark to wait on: the latest end
-    is returned and nobody holds it back.
+    is returned and nobody holds it back. A system without a watermark: (None, None).
     """
+    if not has_watermark(con, stream):
+        return None, None
     row = con.execute(
         """SELECT token, epoch_ns(coalesce(watermark, start_ts)) AS wm FROM partitions
            WHERE stream = $stream AND state <> 'finished'
@@ -46,7 +65,13 @@ def holding_back(
 def heartbeat_gaps(
     con: duckdb.DuckDBPyConnection, stream: str, k: float = 3.0, heartbeat_ms: int | None = None
 ) -> pd.DataFrame:
-    """Consecutive progress marks of a partition further apart than k x heartbeat interval."""
+    """Consecutive progress marks of a partition further apart than k x heartbeat interval
+    (none for a system without a watermark: its events are not progress marks)."""
+    if not has_watermark(con, stream):
+        return pd.DataFrame({"partition": pd.Series(dtype=str),
+                             "from_ns": pd.Series(dtype="int64"),
+                             "to_ns": pd.Series(dtype="int64"),
+                             "gap_s": pd.Series(dtype=float)})
     if heartbeat_ms is None:
         row = con.execute(
             "SELECT coalesce((SELECT heartbeat_ms FROM streams WHERE stream = ?), 10000)", [stream]
@@ -56,7 +81,7 @@ def heartbeat_gaps(
     return con.execute(
         """
         WITH marks AS (
-            SELECT partition_token, ts FROM progress_marks WHERE stream = $stream
+            SELECT partition_token, ts FROM """ + _MARKS + """ WHERE stream = $stream
             UNION ALL
             SELECT token, start_ts FROM partitions
             WHERE stream = $stream AND start_ts IS NOT NULL AND state <> 'pending'),
@@ -76,12 +101,17 @@ def heartbeat_gaps(
 def watermark_series(
     con: duckdb.DuckDBPyConnection, stream: str, bucket_s: float = 10.0
 ) -> pd.DataFrame:
-    """Each partition's watermark over time, one point per partition and bucket (max mark)."""
+    """Each partition's watermark over time, one point per partition and bucket (max mark);
+    empty for a system without a watermark."""
     bucket_ns = max(1, int(bucket_s * 1e9))
+    if not has_watermark(con, stream):
+        return pd.DataFrame({"partition": pd.Series(dtype=str),
+                             "bucket_ns": pd.Series(dtype="int64"),
+                             "watermark_ns": pd.Series(dtype="int64")})
     return con.execute(
         """SELECT partition_token AS partition,
                   (epoch_ns(ts) // $b) * $b AS bucket_ns, max(epoch_ns(ts)) AS watermark_ns
-           FROM progress_marks WHERE stream = $stream
+           FROM """ + _MARKS + """ WHERE stream = $stream
            GROUP BY ALL ORDER BY partition, bucket_ns""",
         {"stream": stream, "b": bucket_ns},
     ).df()

@@ -56,19 +56,42 @@ def ingest_batch(
     count_existing_as_duplicates: bool,
 ) -> IngestStats:
     staged = _stage(con, batch)
+    _allow_unknown_times(con)
     stats = IngestStats()
     stats.data_change, dup_dc = _data_change(con, stream, pull_id, count_existing_as_duplicates)
     stats.heartbeats, dup_hb = _heartbeats(con, stream, pull_id, count_existing_as_duplicates)
     stats.child_partitions = _child_partitions(con, stream, pull_id)
     stats.duplicates = dup_dc + dup_hb
+    _partition_records(con, stream, pull_id)
     _partition_counters(con, stream, pull_id)
     _finished_by_children(con, stream)
+    _finished_by_end_records(con, stream)
     stats.partitions_ended = _partition_ends(con, stream, pull_id)
     stats.bad = _quarantine(con, stream, pull_id)
     con.execute(f"DROP {staged} IF EXISTS _batch")
-    for name in ("_dc", "_hb", "_cp", "_new_marks"):
+    for name in ("_dc", "_hb", "_cp", "_new_marks", "_pr"):
         con.execute(f"DROP TABLE IF EXISTS {name}")
     return stats
+
+
+# Columns that hold NULL when the source gives no time (never the epoch); caches made before
+# had them NOT NULL, and are changed the first time such a record arrives (not at every open:
+# an ALTER rewrites the file).
+_UNKNOWN_TIME_COLUMNS = (("data_change_records", "commit_timestamp", "data_change"),
+                         ("child_partitions_records", "start_timestamp", "child_partitions"))
+
+
+def _allow_unknown_times(con: duckdb.DuckDBPyConnection) -> None:
+    for table, column, kind in _UNKNOWN_TIME_COLUMNS:
+        (without_time,) = con.execute(
+            "SELECT count(*) FROM _batch WHERE kind = ? AND ts_ns IS NULL", [kind]).fetchone()
+        if not without_time:
+            continue
+        (nullable,) = con.execute(
+            "SELECT is_nullable FROM information_schema.columns WHERE table_name = ? "
+            "AND column_name = ?", [table, column]).fetchone()
+        if nullable == "NO":
+            con.execute(f"ALTER TABLE {table} ALTER COLUMN {column} DROP NOT NULL")
 
 
 def _data_change(con, stream, pull_id, count_existing) -> tuple[int, int]:
@@ -203,20 +226,28 @@ def _heartbeats(con, stream, pull_id, count_existing) -> tuple[int, int]:
 def _child_partitions(con, stream, pull_id) -> int:
     con.execute(
         """CREATE OR REPLACE TEMP TABLE _cp AS
-        SELECT partition_token, ts_ns, record_sequence, first(child_partitions) AS children,
+        SELECT kind, partition_token, ts_ns, record_sequence, first(child_partitions) AS children,
                count(*) AS n
-        FROM _batch b WHERE kind = 'child_partitions'
+        FROM _batch b WHERE (kind = 'child_partitions'
           AND NOT EXISTS (SELECT 1 FROM child_partitions_records c WHERE c.stream = $stream
                 AND c.partition_token IS NOT DISTINCT FROM b.partition_token
-                AND c.start_timestamp = make_timestamp_ns(b.ts_ns)
-                AND c.record_sequence IS NOT DISTINCT FROM b.record_sequence)
+                AND c.start_timestamp IS NOT DISTINCT FROM make_timestamp_ns(b.ts_ns)
+                AND c.record_sequence IS NOT DISTINCT FROM b.record_sequence))
+          -- MUTABLE_KEY_RANGE: partition start records announce partitions the same way
+          OR (kind = 'partition_start'
+          AND NOT EXISTS (SELECT 1 FROM partition_records c WHERE c.stream = $stream
+                AND c.kind = 'partition_start'
+                AND c.partition_token IS NOT DISTINCT FROM b.partition_token
+                AND c.timestamp = make_timestamp_ns(b.ts_ns)
+                AND c.record_sequence IS NOT DISTINCT FROM b.record_sequence))
         GROUP BY ALL""",
         {"stream": stream},
     )
     (count,) = con.execute("SELECT count(*) FROM _cp").fetchone()
     con.execute(
         "INSERT INTO child_partitions_records SELECT $stream, partition_token, "
-        "make_timestamp_ns(ts_ns), record_sequence, children, CAST(n AS INTEGER), $pull FROM _cp",
+        "make_timestamp_ns(ts_ns), record_sequence, children, CAST(n AS INTEGER), $pull FROM _cp "
+        "WHERE kind = 'child_partitions'",
         {"stream": stream, "pull": pull_id},
     )
     # One row per (child, parent); a child of the initial query has no parents -> NULL parent.
@@ -254,11 +285,55 @@ def _finished_by_children(con, stream) -> None:
         """UPDATE partitions p SET state = 'finished', end_ts = make_timestamp_ns(c.ts),
              watermark = make_timestamp_ns(c.ts)
            FROM (SELECT partition_token, max(ts_ns) AS ts FROM _cp
-                 WHERE partition_token IS NOT NULL GROUP BY ALL) c
+                 WHERE partition_token IS NOT NULL AND kind = 'child_partitions' GROUP BY ALL) c
            WHERE p.stream = $stream AND p.token = c.partition_token""",
         {"stream": stream},
     )
 
+
+
+def _partition_records(con, stream, pull_id) -> None:
+    """MUTABLE_KEY_RANGE partition start, event and end records, each stored once."""
+    con.execute(
+        """CREATE OR REPLACE TEMP TABLE _pr AS
+        SELECT CASE kind WHEN 'partition_end_record' THEN 'partition_end' ELSE kind END
+                 AS record_kind,
+               partition_token, ts_ns, record_sequence,
+               CASE WHEN kind = 'partition_start' THEN to_json(json_extract_string(
+                   first(child_partitions), '$[*].token')) END AS tokens,
+               CASE WHEN kind = 'partition_event' THEN first(extra) -> 'move_in' END AS move_in,
+               CASE WHEN kind = 'partition_event' THEN first(extra) -> 'move_out' END AS move_out,
+               count(*) AS n
+        FROM _batch b
+        WHERE kind IN ('partition_start', 'partition_event', 'partition_end_record')
+          AND NOT EXISTS (SELECT 1 FROM partition_records r WHERE r.stream = $stream
+                AND r.kind = CASE b.kind WHEN 'partition_end_record' THEN 'partition_end'
+                                         ELSE b.kind END
+                AND r.partition_token IS NOT DISTINCT FROM b.partition_token
+                AND r.timestamp = make_timestamp_ns(b.ts_ns)
+                AND r.record_sequence IS NOT DISTINCT FROM b.record_sequence)
+        GROUP BY kind, partition_token, ts_ns, record_sequence""",
+        {"stream": stream},
+    )
+    con.execute(
+        "INSERT INTO partition_records SELECT $stream, partition_token, record_kind, "
+        "make_timestamp_ns(ts_ns), record_sequence, tokens, move_in, move_out, "
+        "CAST(n AS INTEGER), $pull FROM _pr",
+        {"stream": stream, "pull": pull_id},
+    )
+
+
+def _finished_by_end_records(con, stream) -> None:
+    # MUTABLE_KEY_RANGE: a partition end record is the last record of its partition.
+    con.execute(
+        """UPDATE partitions p SET state = 'finished', end_ts = make_timestamp_ns(e.ts),
+             watermark = make_timestamp_ns(e.ts)
+           FROM (SELECT partition_token, max(ts_ns) AS ts FROM _pr
+                 WHERE partition_token IS NOT NULL AND record_kind = 'partition_end'
+                 GROUP BY ALL) e
+           WHERE p.stream = $stream AND p.token = e.partition_token""",
+        {"stream": stream},
+    )
 
 
 def _partition_counters(con, stream, pull_id) -> None:
@@ -271,7 +346,8 @@ def _partition_counters(con, stream, pull_id) -> None:
         FROM (SELECT partition_token, ts_ns, 'data_change' AS kind FROM _dc WHERE NOT known
               UNION ALL SELECT partition_token, ts_ns, 'heartbeat' FROM _hb WHERE NOT known
               UNION ALL SELECT partition_token, ts_ns, 'child_partitions' FROM _batch
-                        WHERE kind = 'child_partitions')
+                        WHERE kind IN ('child_partitions', 'partition_start',
+                                       'partition_event', 'partition_end_record'))
         WHERE partition_token IS NOT NULL GROUP BY partition_token"""
     )
     con.execute(

@@ -66,7 +66,7 @@ DDL = [
         stream TEXT NOT NULL,
         record_key TEXT NOT NULL,        -- identity: record_id, or partition|commit|txn|sequence
         partition_token TEXT,
-        commit_timestamp TIMESTAMP_NS NOT NULL,
+        commit_timestamp TIMESTAMP_NS,   -- NULL: the source gave no time (never the epoch)
         record_sequence TEXT,
         server_transaction_id TEXT,
         is_last_record_in_transaction_in_partition BOOLEAN,
@@ -126,9 +126,21 @@ DDL = [
     """CREATE TABLE IF NOT EXISTS child_partitions_records (
         stream TEXT NOT NULL,
         partition_token TEXT,            -- NULL: returned by the initial query
-        start_timestamp TIMESTAMP_NS NOT NULL,
+        start_timestamp TIMESTAMP_NS,    -- NULL: the source gave no time (never the epoch)
         record_sequence TEXT,
         child_partitions JSON,
+        copies INTEGER NOT NULL,
+        pull_id BIGINT
+    )""",
+    """CREATE TABLE IF NOT EXISTS partition_records (
+        stream TEXT NOT NULL,
+        partition_token TEXT,            -- NULL: returned by the initial query
+        kind TEXT NOT NULL,              -- partition_start | partition_event | partition_end
+        timestamp TIMESTAMP_NS NOT NULL, -- start_timestamp | commit_timestamp | end_timestamp
+        record_sequence TEXT,
+        partition_tokens JSON,           -- partition_start: the partitions to read next
+        move_in JSON,                    -- partition_event: partitions key ranges moved in from
+        move_out JSON,                   -- partition_event: partitions key ranges moved out to
         copies INTEGER NOT NULL,
         pull_id BIGINT
     )""",
@@ -151,7 +163,9 @@ DDL = [
         pull_id BIGINT,
         imported_at TIMESTAMP DEFAULT current_timestamp
     )""",
-    """CREATE OR REPLACE VIEW progress_marks AS
+    # IF NOT EXISTS: re-creating the view at every open rewrote the catalog (a read-only
+    # command changed the file); change its definition with a migration, not here.
+    """CREATE VIEW IF NOT EXISTS progress_marks AS
         SELECT stream, partition_token, commit_timestamp AS ts, 'data_change' AS kind
             FROM data_change_records
         UNION ALL
@@ -172,6 +186,8 @@ TABLE_DOCS = {
     "transactions": "one row per server_transaction_id, kept up to date at every ingest",
     "heartbeats": "heartbeat records (and other systems' watermarks)",
     "child_partitions_records": "child partitions records as returned",
+    "partition_records": "MUTABLE_KEY_RANGE streams: partition start, event (key-range moves "
+                         "in and out) and end records as returned",
     "progress_marks": "view: every timestamp a partition vouched for",
     "quarantine": "input that could not be decoded, kept with the reason",
     "imports": "files imported, by content hash (a file imported twice adds nothing)",

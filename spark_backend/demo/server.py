@@ -42,6 +42,15 @@ every response, and chunked values (``chunked_value=true``): every long value (o
 client's chunk merging is exercised. A re-sent request with ``resume_token`` resumes right after
 that response.
 
+MUTABLE_KEY_RANGE worlds (``build_world(..., partition_mode=MUTABLE_KEY_RANGE)``): GoogleSQL
+``ChangeRecord`` is of type ``PROTO`` (``proto_type_fqn`` ``google.spanner.v1.ChangeStreamRecord``)
+and PostgreSQL has ``spanner.read_proto_bytes_<stream>`` (one ``BYTES`` column named after it)
+instead of ``read_json_<stream>``; each value is the base64 of a serialized
+``ChangeStreamRecord``; ``end_timestamp`` is required, at most 30 minutes after the start (see
+``spanner/reader.py`` for where these shapes were read). Same fault knobs. Both modes answer
+``SELECT option_value FROM information_schema.database_options WHERE option_name =
+'database_dialect'`` (and GetDatabase's ``database_dialect``).
+
 Fault knobs: ``latency_ms`` sleeps before every response; ``cut_after=N`` aborts each attempt of a
 query with UNAVAILABLE after N responses (when more remain), so a long partition read sees
 several cuts and the client's resume-on-UNAVAILABLE makes progress; ``fail_partition=token``
@@ -73,7 +82,7 @@ from google.cloud.spanner_v1.types import transaction as _tx
 from google.cloud.spanner_v1.types import type as _ty
 from google.protobuf import empty_pb2, struct_pb2
 
-from spark_backend.demo.world import QueryError, World, parse_ts
+from spark_backend.demo.world import MUTABLE_KEY_RANGE, QueryError, World, parse_ts
 
 __all__ = [
     "DemoServer",
@@ -128,6 +137,27 @@ def googlesql_row_type() -> Any:
     change_record = _arr_struct(("data_change_record", dcr), ("heartbeat_record", hb),
                                 ("child_partitions_record", cpr))
     return StructType(fields=[StructType.Field(name="ChangeRecord", type_=change_record)])
+
+
+def mutable_row_type(dialect: str, stream: str) -> Any:
+    """MUTABLE_KEY_RANGE: GoogleSQL ``ChangeRecord`` of type PROTO
+    ``google.spanner.v1.ChangeStreamRecord``; PostgreSQL one BYTES column named after the
+    function ``read_proto_bytes_<stream>``. Values: base64 of the serialized message."""
+    if dialect == "googlesql":
+        return StructType(fields=[StructType.Field(name="ChangeRecord", type_=_t(
+            TC.PROTO, proto_type_fqn="google.spanner.v1.ChangeStreamRecord"))])
+    return StructType(fields=[StructType.Field(name=f"read_proto_bytes_{stream}",
+                                               type_=_t(TC.BYTES))])
+
+
+def to_stream_record_value(rec: dict) -> str:
+    """A ``ChangeStreamRecord`` dict (protobuf JSON mapping) -> its wire value: the base64 of
+    the serialized message (Spanner's encoding of PROTO and BYTES values)."""
+    from google.cloud.spanner_v1.types import ChangeStreamRecord
+    from google.protobuf import json_format
+
+    message = json_format.ParseDict(rec, ChangeStreamRecord.pb()())
+    return base64.b64encode(message.SerializeToString()).decode()
 
 
 def postgresql_row_type(stream: str) -> Any:
@@ -230,8 +260,12 @@ def _to_pb_value(v: Any) -> Any:
 _G_RE = re.compile(
     r"^\s*SELECT\s+ChangeRecord\s+FROM\s+(READ_(\w+))\s*\((.*)\)\s*;?\s*$", re.I | re.S)
 _PG_RE = re.compile(
-    r'^\s*SELECT\s+\*\s+FROM\s+"?spanner"?\s*\.\s*("?)(read_json_(\w+))\1\s*\((.*)\)\s*;?\s*$',
+    r'^\s*SELECT\s+\*\s+FROM\s+"?spanner"?\s*\.\s*("?)((read_json_|read_proto_bytes_)(\w+))\1'
+    r"\s*\((.*)\)\s*;?\s*$",
     re.I | re.S)
+_DIALECT_RE = re.compile(
+    r"^\s*SELECT\s+option_value\s+FROM\s+information_schema\.database_options\s+WHERE\s+"
+    r"option_name\s*=\s*'database_dialect'\s*;?\s*$", re.I)
 _PING_RE = re.compile(r"^\s*SELECT\s+1\s*;?\s*$", re.I)
 _G_ARGS = ("start_timestamp", "end_timestamp", "partition_token", "heartbeat_milliseconds",
            "read_options")
@@ -415,7 +449,10 @@ class DemoServer:
             "pings": 0,  # SELECT 1
             "sessions_created": 0,
         }
-        if dialect == "googlesql":
+        self.mutable = getattr(world, "partition_mode", None) == MUTABLE_KEY_RANGE
+        if self.mutable:
+            self._row_type = mutable_row_type(dialect, world.stream)
+        elif dialect == "googlesql":
             self._row_type = googlesql_row_type()
         else:
             self._row_type = postgresql_row_type(world.stream)
@@ -606,8 +643,19 @@ class DemoServer:
 
     def _ddl(self) -> list[str]:
         if self.dialect == "postgresql":
-            return [f'CREATE CHANGE STREAM "{self.world.stream}" FOR ALL']
-        return [f"CREATE CHANGE STREAM {self.world.stream} FOR ALL"]
+            options = " WITH (partition_mode = 'MUTABLE_KEY_RANGE')" if self.mutable else ""
+            return [f'CREATE CHANGE STREAM "{self.world.stream}" FOR ALL{options}']
+        options = " OPTIONS (partition_mode = 'MUTABLE_KEY_RANGE')" if self.mutable else ""
+        return [f"CREATE CHANGE STREAM {self.world.stream} FOR ALL{options}"]
+
+    def _dialect_result(self) -> Any:
+        """``information_schema.database_options``' database_dialect row."""
+        md = ResultSetMetadata(row_type=StructType(fields=[StructType.Field(
+            name="option_value", type_=_t(TC.STRING))]))
+        rs = ResultSet(metadata=md)
+        rs.rows.add().values.add().string_value = (
+            "POSTGRESQL" if self.dialect == "postgresql" else "GOOGLE_STANDARD_SQL")
+        return rs
 
     # ------------------------------------------------------------------ queries
 
@@ -650,17 +698,20 @@ class DemoServer:
                                 "The demo server only answers change stream queries "
                                 '(SELECT * FROM "spanner"."read_json_<stream>"(...)) and SELECT 1.'
                                 f" Got: {sql[:200]}")
-            name = m.group(3) if m.group(1) else m.group(3).lower()
-            if name != stream:
+            name = m.group(4) if m.group(1) else m.group(4).lower()
+            prefix = m.group(3).lower()
+            # MUTABLE_KEY_RANGE streams have read_proto_bytes_<stream> instead of read_json_.
+            wanted = "read_proto_bytes_" if self.mutable else "read_json_"
+            if name != stream or prefix != wanted:
                 raise _SqlError(grpc.StatusCode.NOT_FOUND,
                                 "[ERROR] function spanner."
                                 f"{m.group(2) if m.group(1) else m.group(2).lower()}"
                                 "(timestamp with time zone, timestamp with time zone, text, "
                                 "bigint, unknown) does not exist")
-            args = _split_args(m.group(4))
+            args = _split_args(m.group(5))
             if len(args) != 5:
                 raise _SqlError(grpc.StatusCode.INVALID_ARGUMENT,
-                                f"[ERROR] function spanner.read_json_{name} expects 5 arguments, "
+                                f"[ERROR] function spanner.{prefix}{name} expects 5 arguments, "
                                 f"got {len(args)}")
             vals = {k: _literal(a, request, pg=True) for k, a in zip(_G_ARGS, args, strict=True)}
         if vals.get("read_options") is not None:
@@ -700,6 +751,8 @@ class DemoServer:
 
     def ExecuteSql(self, request, context):
         self._check_session(request.session, context)
+        if _DIALECT_RE.match(request.sql):
+            return self._dialect_result()
         try:
             q = self._parse(request)
             if q is not None:
@@ -713,6 +766,10 @@ class DemoServer:
 
     def ExecuteStreamingSql(self, request, context) -> Iterator[Any]:
         self._check_session(request.session, context)
+        if _DIALECT_RE.match(request.sql):
+            rs = self._dialect_result()
+            yield PRS(metadata=rs.metadata, values=rs.rows[0].values, resume_token=b"dialect")
+            return
         try:
             q = self._parse(request)
             if q is None:
@@ -827,7 +884,10 @@ class DemoServer:
             return out, n
 
         for i, rec in enumerate(rows):
-            value = to_googlesql_value(rec) if googlesql else _js(rec)
+            if self.mutable:
+                value = to_stream_record_value(rec)
+            else:
+                value = to_googlesql_value(rec) if googlesql else _js(rec)
             pieces = _chunks(value, self.max_chunk_chars, force=(i % 7 == 3))
             for j, piece in enumerate(pieces):
                 cur.values.append(_to_pb_value(piece))
@@ -854,8 +914,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dialect", choices=["googlesql", "postgresql"], default="googlesql")
     parser.add_argument("--latency-ms", type=float, default=0.0)
     parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--partition-mode", choices=["IMMUTABLE_KEY_RANGE", "MUTABLE_KEY_RANGE"],
+                        default="IMMUTABLE_KEY_RANGE")
     args = parser.parse_args(argv)
-    server = DemoServer(build_world(args.seed, args.scale), args.dialect,
+    server = DemoServer(build_world(args.seed, args.scale, args.partition_mode), args.dialect,
                         latency_ms=args.latency_ms, port=args.port)
     address = server.start()
     print(address, flush=True)

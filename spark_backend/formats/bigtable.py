@@ -54,8 +54,9 @@ Mapping to ``records.RECORD_FIELDS``:
   parent; a merge shows as several parents closing into the same child) and a ``partition_end``
   row (state finished, ``end`` = the close time); without new partitions: ``partition_end``
   ``open`` (status OK) or ``incomplete`` (an error status). The close time is the wrapper's
-  ``timestamp``, else the partition's latest progress mark in the file. Status and continuation
-  tokens are kept in the partition_end ``extra``.
+  ``timestamp``, else the partition's latest progress mark in the file, else unknown (no time:
+  ``ts_ns`` None, ``extra.close_time`` = ``"unknown"``; never the epoch). Status and
+  continuation tokens are kept in the partition_end ``extra``.
 - an initial partition -> a ``child_partitions`` row with ``partition_token`` NULL (the virtual
   root), dated by its ``timestamp`` or else the partition's first progress mark in the file.
 
@@ -493,8 +494,8 @@ class _Parser:
             at, at_source = arrived, "timestamp"
         elif parent in self.last_mark:
             at, at_source = self.last_mark[parent], "last_progress_mark"
-        else:
-            at, at_source = 0, "unknown"
+        else:  # the file carries no time for it: unknown, never the epoch
+            at, at_source = None, "unknown"
         if parent in self.roots:
             yield from self._mark(parent, at)
         if children:
@@ -525,7 +526,7 @@ class _Parser:
             yield self.bad(p.line, p.raw, "data change never finished: the file ends before "
                                           "the message with done=true (file cut short?)")
         self.pending.clear()
-        fallback = min(self.last_mark.values()) if self.last_mark else 0
+        fallback = min(self.last_mark.values()) if self.last_mark else None
         for token, (line, _raw, ts) in list(self.roots.items()):
             yield self._root_row(token, line, fallback if ts is None else ts)
         self.roots.clear()

@@ -10,7 +10,11 @@ are decompressed. Every envelope of the doc is recognised line by line:
   ``resolved``).
 - **key_only**: a bare key array ``["boston", "2222..."]``, or the sinkless form
   ``{"key": "[...]", "table": "users", "value": ""}`` (a non-empty ``value`` is the message text).
-- **row**: the row alone (``{"city": ..., "type": ...}``), also a CDC query's output.
+- **row**: the row alone (``{"city": ..., "type": ...}``), also a CDC query's output. With
+  ``--option envelope=row`` every object is read as this envelope, except the sink's resolved
+  messages (``{"__crdb__": {"resolved": ...}}`` or ``{"resolved": ...}``) and deletes: a key
+  with a null or empty value (a tombstone: ``[5] null``, a bare key array, or the sinkless
+  ``{"key": "[5]", "table": ..., "value": ""}``) is a DELETE.
 - **resolved**: ``{"resolved": "..."}`` (a cloud storage ``.RESOLVED`` file holds one).
 - **webhook batch**: ``{"payload": [message, ...], "length": n}``: every message is imported
   (``line`` = the batch's line, ``extra.batch_index`` = its place in the batch).
@@ -21,14 +25,15 @@ Mapping to ``records.RECORD_FIELDS``:
 
 - A row change -> ``kind='data_change'``; ``ts_ns`` = the wall time (nanoseconds) of ``updated``
   (an HLC decimal ``"<wall ns>.<logical>"``; ``mvcc_timestamp`` when ``updated`` is absent; a
-  message with neither has no time and lands at 0, the epoch). The exact HLC text is in
+  message with neither has no time: ``ts_ns`` is None and the cache stores no commit
+  timestamp, ``extra.timestamp`` = ``"none"``; never the epoch). The exact HLC text is in
   ``extra.updated``.
 - ``table_name``: the message's ``topic`` (or ``table``), else the ``table`` option (``--table``),
   else the topic in the cloud storage file name, else None.
-- ``mod_type``: ``after`` null -> DELETE; with ``diff`` (a ``before`` field) ``before`` null ->
-  INSERT, else UPDATE. Without ``diff`` a changefeed cannot tell an insert from an update: the
-  first version of a key seen in the file is INSERT, later ones UPDATE (``extra.mod_type_inferred``
-  = true). ``key_only`` messages are UPDATE.
+- ``mod_type``: ``after`` null, or a Kafka key with a null value -> DELETE; with ``diff`` (a
+  ``before`` field) ``before`` null -> INSERT, else UPDATE. Without ``diff`` a changefeed
+  cannot tell an insert from an update: the first version of a key seen in the file is INSERT,
+  later ones UPDATE (``extra.mod_type_inferred`` = true). ``key_only`` messages are UPDATE.
 - ``mods``: one mod; ``keys`` = ``{"key": [...the key array...]}`` (the doc's key has no column
   names), or ``{column: value}`` when the ``primary_key`` option names the key columns
   (comma-separated; those columns then leave new/old values). ``new_values`` = ``after``,
@@ -151,7 +156,10 @@ class _Parser:
                 key, value = values
                 if not isinstance(key, list):
                     raise MessageError("a Kafka key + value line must start with the key array")
-                rows = list(self.message(value, number, None, key=key))
+                if value is None:  # the doc's delete: the key and a null value (a tombstone)
+                    rows = [self.tombstone(number, None, key, {})]
+                else:
+                    rows = list(self.message(value, number, None, key=key))
             else:
                 (value,) = values
                 if isinstance(value, dict) and "payload" in value and "length" in value:
@@ -187,6 +195,9 @@ class _Parser:
     def message(
         self, value: Any, number: int, index: int | None, key: list | None = None,
     ) -> Iterator[dict[str, Any]]:
+        if isinstance(value, list) and self.forced == "row":  # a key without a value: deleted
+            yield self.tombstone(number, index, value, {})
+            return
         if isinstance(value, list):  # key_only: the key alone
             yield self.change(
                 number, index, envelope="key_only", key=value, after=None, before=None,
@@ -199,8 +210,7 @@ class _Parser:
                 f"not {type(value).__name__}"
             )
         if self.forced == "row":
-            yield self.change(number, index, envelope="row", key=key, after=value, before=None,
-                              has_before=False, meta={})
+            yield from self.row_message(value, number, index, key)
             return
         _reject_other_formats(value)
         if "__crdb__" in value:
@@ -264,6 +274,44 @@ class _Parser:
         # anything else is a row on its own (envelope=row, or bare without metadata)
         yield self.change(number, index, envelope="row", key=key, after=value, before=None,
                           has_before=False, meta={})
+
+    def row_message(self, value: dict[str, Any], number: int, index: int | None,
+                    key: list | None) -> Iterator[dict[str, Any]]:
+        """``envelope=row``: the row alone, but the sink still sends resolved messages
+        (``{"__crdb__": {"resolved": ...}}`` or ``{"resolved": ...}``) and, for a deleted row,
+        its key with an empty value (a tombstone)."""
+        meta = value.get("__crdb__")
+        if set(value) == {"__crdb__"} and isinstance(meta, dict) and "resolved" in meta:
+            yield self.resolved(meta["resolved"], number, index, "row")
+            return
+        if set(value) == {"resolved"}:
+            yield self.resolved(value["resolved"], number, index, "row")
+            return
+        if set(value) <= {"key", "table", "value", "topic"} and isinstance(value.get("key"), str):
+            try:  # sinkless: key and value as JSON text
+                skey = json.loads(value["key"]) if value["key"] else None
+                inner = value.get("value")
+                inner = json.loads(inner) if isinstance(inner, str) and inner else inner
+            except json.JSONDecodeError as e:
+                raise MessageError(f"sinkless message key or value is not JSON ({e.msg})") from e
+            meta = {"topic": value.get("table") or value.get("topic")}
+            if inner in (None, "", {}):
+                yield self.tombstone(number, index, skey, meta)
+                return
+            if not isinstance(inner, dict):
+                raise MessageError("a row envelope's value must be a JSON object")
+            yield self.change(number, index, envelope="row", key=skey, after=inner, before=None,
+                              has_before=False, meta=meta)
+            return
+        yield self.change(number, index, envelope="row", key=key, after=value, before=None,
+                          has_before=False, meta={})
+
+    def tombstone(self, number: int, index: int | None, key: Any,
+                  meta: dict[str, Any]) -> dict[str, Any]:
+        """A key with a null or empty value: the row was deleted (reference doc, "Delete
+        messages")."""
+        return self.change(number, index, envelope=self.forced or "kafka", key=key, after=None,
+                           before=None, has_before=False, meta=meta)
 
     def resolved(self, text: Any, number: int, index: int | None, envelope: str) -> dict:
         wall, logical = parse_hlc(text)
@@ -367,7 +415,7 @@ class _Parser:
         return {
             "partition_token": self.partition,
             "kind": "data_change",
-            "ts_ns": wall if wall is not None else 0,
+            "ts_ns": wall,  # None: the message carries no time (never the epoch)
             "table_name": table,
             "mod_type": mod_type,
             "mods": canonical_json([mod]),

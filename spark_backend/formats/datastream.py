@@ -18,15 +18,23 @@ How an event maps to a row of ``records.RECORD_FIELDS`` (``kind='data_change'``)
   source table is a node of the DAG with no parents.
 - ``record_id`` = ``uuid``: the doc's duplicate identity, so a redelivered event counts as a
   duplicate in the cache.
-- ``mod_type``: ``is_deleted`` true -> DELETE; else ``change_type`` INSERT -> INSERT; any other
-  change type (UPDATE, UPDATE-INSERT, UPDATE-DELETE) -> UPDATE; a backfill event without a change
-  type -> INSERT. The source's own ``change_type`` is kept in ``extra``.
+- ``mod_type``: ``is_deleted`` true -> DELETE; else ``change_type`` INSERT -> INSERT; a backfill
+  event (``read_method`` ``*-backfill*``) or a dump (``change_type`` ``oracle_dump``, any
+  ``*dump*``) -> INSERT: a backfill reads the row as it is; any other change type (UPDATE,
+  UPDATE-INSERT, UPDATE-DELETE) -> UPDATE. The source's own ``change_type`` is kept in
+  ``extra``.
 - ``mods``: one mod. ``keys`` are the primary key columns of the payload, taken from
   ``primary_keys`` (MySQL, PostgreSQL, Salesforce), ``replication_index`` (SQL Server), the
   ``keys`` option (comma-separated column names), or for Oracle (no key list in its metadata) the
   ``row_id`` as ``{"ROWID": ...}``; else ``{}``. ``new_values`` = the other payload columns
   (DELETE: ``old_values`` = the deleted row's other columns, ``new_values`` = ``{}``).
-- ``server_transaction_id`` = ``tx_id`` (Oracle, PostgreSQL, SQL Server), else None.
+- ``server_transaction_id`` = ``tx_id`` (Oracle, PostgreSQL, SQL Server), else None. Datastream
+  gives no record count for a transaction, so its transactions are "unknown" (never
+  "incomplete") in ``analysis.transactions``.
+- Avro values are what Datastream's consumers see (the unified types' JSON definitions):
+  logical types are decoded (``timestamp-*``, ``date``, ``time-*``, ``decimal``), the custom
+  record types are unwrapped (``timestampTz`` -> RFC 3339 with its offset, ``datetime`` ->
+  ISO 8601 date and time, ``varchar`` -> its text), and ``bytes`` are base64 text.
 - ``order_key``: the doc's order per source, zero-padded so it sorts as text. Backfill events
   (``read_method`` ``*-backfill*``, no order implied) sort first: ``0|<source ts>|<uuid>``. CDC
   and supplementation events: ``1|`` then MySQL ``log_file`` (numeric suffix padded) +
@@ -148,6 +156,7 @@ def _parse_avro(f, path: str, options: dict[str, str]) -> Iterator[dict[str, Any
         )
         return
     column_types = _avro_column_types(reader.writer_schema)
+    wrapped = _wrapped_columns(reader.writer_schema)
     index = 0
     iterator = iter(reader)
     while True:
@@ -163,6 +172,9 @@ def _parse_avro(f, path: str, options: dict[str, str]) -> Iterator[dict[str, Any
             )
             return
         index += 1
+        if wrapped and isinstance(record, dict) and isinstance(record.get("payload"), dict):
+            record = {**record, "payload": {k: _unwrap(wrapped.get(k), v)
+                                            for k, v in record["payload"].items()}}
         try:
             row = event_row(record, options)
         except EventError as e:
@@ -173,6 +185,68 @@ def _parse_avro(f, path: str, options: dict[str, str]) -> Iterator[dict[str, Any
         row["origin"] = path
         row["line"] = index
         yield row
+
+
+def _payload_fields(schema: Any) -> list[dict[str, Any]]:
+    if not isinstance(schema, dict):
+        return []
+    for field in schema.get("fields", []):
+        if field.get("name") != "payload":
+            continue
+        ptype = field.get("type")
+        if isinstance(ptype, list):  # ["null", {record}]
+            ptype = next((t for t in ptype if isinstance(t, dict)), None)
+        if isinstance(ptype, dict):
+            return list(ptype.get("fields") or [])
+    return []
+
+
+def _wrapped_columns(schema: Any) -> dict[str, str]:
+    """Payload columns whose Avro type is one of Datastream's custom record types."""
+    out = {}
+    for col in _payload_fields(schema):
+        ctype = col.get("type")
+        options = ctype if isinstance(ctype, list) else [ctype]
+        for t in options:
+            if isinstance(t, dict) and t.get("type") == "record":
+                out[col.get("name")] = str(t.get("name", "")).split(".")[-1]
+    return out
+
+
+def _unwrap(record_name: str | None, value: Any) -> Any:
+    """A custom record type's value -> the plain value of its JSON definition."""
+    import datetime as dt
+
+    if record_name is None or not isinstance(value, dict):
+        return value
+    if record_name == "timestampTz" and "timestamp" in value:
+        instant = value["timestamp"]
+        offset = value.get("offset") or 0
+        if isinstance(offset, dt.time):  # time-millis decoded as a time of day
+            offset = ((offset.hour * 60 + offset.minute) * 60 + offset.second) * 1000 + (
+                offset.microsecond // 1000)
+        if isinstance(instant, int | float):
+            instant = dt.datetime.fromtimestamp(instant / 1e6, dt.UTC)
+        if isinstance(instant, dt.datetime):
+            zone = dt.timezone(dt.timedelta(milliseconds=int(offset)))
+            return instant.astimezone(zone).isoformat()
+        return value
+    if record_name == "datetime" and "date" in value and "time" in value:
+        date, time_ = value["date"], value["time"]
+        if isinstance(date, int):
+            date = dt.date(1970, 1, 1) + dt.timedelta(days=date)
+        if isinstance(time_, int):
+            time_ = (dt.datetime.min + dt.timedelta(microseconds=time_)).time()
+        if isinstance(date, dt.date) and isinstance(time_, dt.time):
+            return dt.datetime.combine(date, time_).isoformat()
+        return value
+    if record_name == "varchar":
+        text = value.get("value")
+        if text is None:
+            strings = [v for v in value.values() if isinstance(v, str)]
+            text = strings[0] if len(strings) == 1 else None
+        return value if text is None else text
+    return value
 
 
 def _raw(record: Any) -> str:
@@ -337,7 +411,8 @@ def normalize_mod_type(change_type: Any, is_deleted: Any, phase: str) -> str:
     ct = str(change_type or "").upper()
     if ct == "DELETE":
         return "DELETE"
-    if ct == "INSERT" or (not ct and phase == "backfill"):
+    # A dump (Oracle's ``oracle_dump``, MySQL's full dump) is a backfill: the row as it is.
+    if ct == "INSERT" or "DUMP" in ct or phase == "backfill":
         return "INSERT"
     return "UPDATE"
 
@@ -438,8 +513,10 @@ def _jsonable(value: Any) -> Any:
         return {str(k): _jsonable(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
         return [_jsonable(v) for v in value]
-    if isinstance(value, bytes):
-        return value.hex()
+    if isinstance(value, bytes):  # BYTES: base64 text, as in Datastream's JSON output
+        import base64
+
+        return base64.b64encode(value).decode("ascii")
     if isinstance(value, dt.datetime):
         from spark_backend.model.timestamps import format_ns, from_datetime
 

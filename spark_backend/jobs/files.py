@@ -159,12 +159,22 @@ def export_recording(cache: Cache, stream: str, out: str | Path) -> int:
     con = cache.cursor()
     written = 0
     tmp = out.with_suffix(out.suffix + ".part")
+    # MUTABLE_KEY_RANGE streams export their ChangeStreamRecords (recording.py).
+    (mutable,) = con.execute("SELECT count(*) > 0 FROM partition_records WHERE stream = ?",
+                             [stream]).fetchone()
     with open(tmp, "w", encoding="utf-8") as f:
         cur = con.execute(
             """
             SELECT partition_token, epoch_ns(start_timestamp) AS ts, 2 AS k, record_sequence,
                    NULL AS record_key, child_partitions, copies
               FROM child_partitions_records WHERE stream = $s
+            UNION ALL
+            SELECT partition_token, epoch_ns(timestamp),
+                   CASE kind WHEN 'partition_start' THEN 3 WHEN 'partition_event' THEN 4
+                             ELSE 5 END,
+                   record_sequence, NULL,
+                   to_json([partition_tokens, move_in, move_out])::VARCHAR, copies
+              FROM partition_records WHERE stream = $s
             UNION ALL
             SELECT partition_token, epoch_ns(timestamp), 1, NULL, NULL, NULL, copies
               FROM heartbeats WHERE stream = $s
@@ -183,9 +193,12 @@ def export_recording(cache: Cache, stream: str, out: str | Path) -> int:
                     line = recording.child_partitions_line(token, ts, seq, children)
                 elif kind == 1:
                     line = recording.heartbeat_line(token, ts)
+                elif kind >= 3:
+                    line = _partition_record_line(token, ts, kind, seq, children)
                 else:
                     row, mods = details[key]
-                    line = recording.data_change_line(row, mods)
+                    line = (recording.stream_data_change_line(row, mods) if mutable
+                            else recording.data_change_line(row, mods))
                 text = json.dumps(line, ensure_ascii=False, separators=(",", ":"))
                 for _ in range(copies or 1):
                     f.write(text + "\n")
@@ -193,6 +206,16 @@ def export_recording(cache: Cache, stream: str, out: str | Path) -> int:
     con.close()
     os.replace(tmp, out)
     return written
+
+
+def _partition_record_line(token, ts, kind, seq, payload) -> dict[str, Any]:
+    tokens, move_in, move_out = (None if v is None else json.dumps(v)
+                                 for v in json.loads(payload))
+    if kind == 3:
+        return recording.partition_start_line(token, ts, seq, tokens)
+    if kind == 4:
+        return recording.partition_event_line(token, ts, seq, move_in, move_out)
+    return recording.partition_end_line(token, ts, seq)
 
 
 def _data_change_details(cache: Cache, stream: str, keys: list[str]) -> dict[str, Any]:

@@ -11,6 +11,7 @@ failing partition) is resumed by pulling again, and a later end reads only the n
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import shutil
@@ -29,7 +30,12 @@ from spark_backend.model.enums import PartitionState, Source, values
 from spark_backend.model.errors import BadInput, InspectorError, PullFailed, SourceError
 from spark_backend.model.records import to_arrow_batch
 from spark_backend.model.timestamps import TimestampError, coerce_ns, format_ns, now_ns
-from spark_backend.spanner.connect import SpannerTarget, open_database, validate_dialect
+from spark_backend.spanner.connect import (
+    SpannerTarget,
+    open_database,
+    validate_dialect,
+    with_database_dialect,
+)
 from spark_backend.spanner.reader import (
     read_partition_rows,
     validate_heartbeat,
@@ -47,7 +53,7 @@ class PullRequest:
     project: str | None = None
     instance: str | None = None
     database: str | None = None
-    dialect: str = "googlesql"
+    dialect: str | None = None            # None: the database's own (asked); given: overrides
     start: str | int | None = None
     end: str | int | None = None
     heartbeat_ms: int = config.DEFAULT_HEARTBEAT_MS
@@ -99,7 +105,8 @@ def _validated(request: PullRequest) -> PullRequest:
             f"Unknown source {request.source!r}; accepted sources are {', '.join(SOURCES)}.",
             field="source",
         )
-    validate_dialect(request.dialect)
+    if request.dialect is not None:
+        validate_dialect(request.dialect)
     validate_heartbeat(request.heartbeat_ms)
     if request.source_stream is not None:
         validate_stream_name(request.source_stream)
@@ -142,7 +149,8 @@ def _open_source(request: PullRequest) -> Iterator[_Source]:
         if request.demo_host:
             host = request.demo_host
         else:
-            server = DemoServer(world, dialect=request.dialect, **request.demo_faults)
+            server = DemoServer(world, dialect=request.dialect or "googlesql",
+                                **request.demo_faults)
             host = server.start()
         try:
             target = SpannerTarget("demo-project", "demo-instance", "demo-db", request.dialect,
@@ -158,7 +166,8 @@ def _open_source(request: PullRequest) -> Iterator[_Source]:
         from spark_backend.demo import emulator
 
         try:
-            world = emulator.start_emulator_world(dialect=request.dialect, churn_seconds=2)
+            world = emulator.start_emulator_world(dialect=request.dialect or "googlesql",
+                                                  churn_seconds=2)
         except emulator.EmulatorNotInstalled as e:
             raise SourceError(str(e)) from e
         except (emulator.EmulatorStartError, emulator.EmulatorProvisionError) as e:
@@ -299,6 +308,7 @@ def run_pull(
     # Start the JVM before any gRPC channel exists: forking next to gRPC threads is fragile.
     spark = spark_session(request.spark_master, request.spark_remote)
     with _open_source(request) as src:
+        src, request, dialect_error = _settle_dialect(src, request)
         stream = request.stream or src.source_stream
         start_ns = request.start if request.start is not None else src.default_start_ns
         if start_ns is None:
@@ -320,6 +330,8 @@ def run_pull(
         pull_id = cache.begin_pull(stream, request.source, start_ns, end_ns, request.heartbeat_ms)
         result = PullResult(stream=stream, status="running", pull_id=pull_id)
         try:
+            if dialect_error is not None:
+                raise dialect_error
             _run_waves(cache, spark, stream, pull_id, src, request, start_ns, end_ns, report,
                        result)
         except InspectorError as e:
@@ -336,6 +348,20 @@ def run_pull(
                           failed_partition=result.failed_partition, waves=result.waves)
     result.seconds = time.monotonic() - began
     return result
+
+
+def _settle_dialect(
+    src: _Source, request: PullRequest,
+) -> tuple[_Source, PullRequest, InspectorError | None]:
+    """The database's own dialect, unless ``request.dialect`` overrides it (then a query the
+    database refuses for the dialect says so in one sentence). A database that cannot be
+    asked fails the pull like any source error (returned, raised where the pull records it)."""
+    try:
+        target = with_database_dialect(src.target)
+    except InspectorError as e:
+        return src, request, e
+    return (dataclasses.replace(src, target=target),
+            dataclasses.replace(request, dialect=target.dialect), None)
 
 
 def _failure_message(failures: list[tuple[str, str]], states: dict[str, int]) -> str:

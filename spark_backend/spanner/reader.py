@@ -4,24 +4,97 @@ The query workflow of the reference doc: single-use strong read-only transaction
 ``READ_<stream>`` (GoogleSQL) or ``spanner.read_json_<stream>`` (PostgreSQL) with bound, typed
 parameters. Rows arrive through the client's own ``StreamedResultSet`` (chunk merging) with
 ``lazy_decode`` and are decoded here straight from the protobuf values into named fields, which
-is several times faster than the client's full decode. The stream of PartialResultSets is
-resumed from the last resume token after transient errors, a bounded number of times.
+is several times faster than the client's full decode. One bounded retry layer: the stream of
+PartialResultSets is resumed from the last resume token after transient errors, with the
+backoff of ``google.api_core.retry`` (:data:`RETRY`, also used for the unary calls).
+
+The dialect is the database's own (``connect.ask_dialect``); a given dialect only overrides,
+and a query the database refuses because the dialect does not match is answered in one
+sentence naming the database's dialect.
+
+Both partition modes
+--------------------
+A change stream created with ``OPTIONS (partition_mode = 'MUTABLE_KEY_RANGE')`` returns one
+``google.spanner.v1.ChangeStreamRecord`` per row (data change, heartbeat, partition start,
+partition end, partition event records). How it arrives on the wire, and where we read it:
+
+* GoogleSQL: the same ``READ_<stream>`` function and arguments (Go: ``SELECT ChangeRecord FROM
+  READ_%s(@start_timestamp, @end_timestamp, @partition_token, @heartbeat_millis_second)``). The
+  one column ``ChangeRecord`` has type code ``PROTO`` (13) with ``proto_type_fqn =
+  "google.spanner.v1.ChangeStreamRecord"``; each value is a ``string_value`` holding the
+  base64 of the serialized message (Spanner's JSON encoding of PROTO, as of BYTES).
+  Read in: googleapis/google-cloud-rust, Spanner ``change_stream`` module (decodes the
+  ``ChangeRecord`` column, "TypeCode::Proto containing serialized ChangeStreamRecord bytes";
+  its test builds ``Type{code: PROTO, proto_type_fqn: "google.spanner.v1.ChangeStreamRecord"}``
+  with a base64 ``StringValue``); cloudspannerecosystem/spanner-change-streams-tail
+  ``changestreams/reader.go`` (PR #25 "Add mutable change stream support": ``row.Column(0,
+  &spannerpb.ChangeStreamRecord)``); apache/beam PR #35408 ("Deserialize proto based (mutable
+  key range) change stream return records": ``ChangeStreamRecordMapper`` reads
+  ``resultSet.getProtoChangeStreamRecord(0)``); the emulator's change streams internals doc
+  (GoogleCloudPlatform/cloud-spanner-emulator: "the ``google.spanner.v1.ChangeStreamRecord``
+  proto for GoogleSQL ``MUTABLE_KEY_RANGE``").
+* PostgreSQL: a DIFFERENT function, ``spanner.read_proto_bytes_<stream>($1, $2, $3, $4,
+  null)`` (same five arguments as ``read_json_<stream>``), returning ``BYTES`` (bytea, a
+  base64 ``string_value``) of the serialized message, in one column named after the function.
+  Read in: apache/beam PR #36667 ("Update ChangeStreamDao to query different TVF for
+  postgresSQL based on the change stream partition mode") and PR #37427 ("Parse proto bytes
+  change stream record in ChangeStreamRecordMapper"); spanner-change-streams-tail
+  ``decodeProtoBytePostgresRow`` (``row.Column(0, &[]byte)`` then ``proto.Unmarshal``); the
+  emulator doc ("bytes for PostgreSQL ``MUTABLE_KEY_RANGE``", "PostgreSQL results name the
+  column after the TVF", ``read_proto_bytes_<name>``).
+* In this mode ``end_timestamp`` is required and at most 30 minutes after
+  ``start_timestamp`` (apache/beam PR #34967; the emulator's query validator), so a partition
+  is read in windows of at most :data:`MUTABLE_WINDOW_NS`.
+* apache/beam PR #37991 (the Go SDK's SpannerIO change streams) supports only the immutable
+  mode; its review asks to document that restriction. Beam's Java connector and the Go tail
+  ask ``information_schema.change_stream_options`` for the mode before querying. We detect it
+  from the first query instead: in GoogleSQL from the result's column type (PROTO: mutable;
+  ARRAY<STRUCT>: immutable); in PostgreSQL ``read_json_<stream>`` does not exist for a mutable
+  stream, so a refusal naming that function is followed by ``read_proto_bytes_<stream>``.
+  Until the mode is known a query spans at most 30 minutes (valid in both modes).
+
+The ``ChangeRecord`` value is decoded with the client's own type
+(``google.cloud.spanner_v1.types.ChangeStreamRecord``) into its protobuf JSON mapping and
+turned into rows by ``model.stream_records``.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import re
+import threading
 import time
 from collections.abc import Iterator
+from enum import StrEnum
 from typing import Any
 
 from spark_backend.model import config
 from spark_backend.model.errors import BadInput
 from spark_backend.model.records import RecordError, bad_row, from_change_record, partition_end
-from spark_backend.spanner.connect import validate_dialect
+from spark_backend.model.stream_records import from_stream_record
+from spark_backend.spanner.connect import (
+    RETRY,
+    ask_dialect,
+    dialect_name,
+    is_transient,
+    remember_for,
+    validate_dialect,
+)
 
 _STREAM_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,127}$")
+_NS = 1_000_000_000
+
+
+class PartitionMode(StrEnum):
+    """A change stream's ``partition_mode`` option."""
+
+    IMMUTABLE = "IMMUTABLE_KEY_RANGE"
+    MUTABLE = "MUTABLE_KEY_RANGE"
+
+
+MUTABLE_WINDOW_NS = 30 * 60 * _NS  # MUTABLE_KEY_RANGE: end_timestamp <= start_timestamp + 30 min
+CHANGE_STREAM_RECORD_FQN = "google.spanner.v1.ChangeStreamRecord"
 
 GOOGLESQL_QUERY = (
     "SELECT ChangeRecord FROM READ_{stream} ("
@@ -29,6 +102,13 @@ GOOGLESQL_QUERY = (
     "partition_token => @partition_token, heartbeat_milliseconds => @heartbeat_milliseconds)"
 )
 POSTGRESQL_QUERY = 'SELECT * FROM "spanner"."read_json_{stream}" ($1, $2, $3, $4, null)'
+POSTGRESQL_MUTABLE_QUERY = (
+    'SELECT * FROM "spanner"."read_proto_bytes_{stream}" ($1, $2, $3, $4, null)'
+)
+
+# id(Database) -> {stream: the partition mode its first query showed}, while it lives
+_MODES: dict[int, dict[str, PartitionMode]] = {}
+_MODES_LOCK = threading.Lock()
 
 
 def validate_stream_name(name: str) -> str:
@@ -52,10 +132,26 @@ def validate_heartbeat(ms: int) -> int:
     return ms
 
 
-def query_text(dialect: str, stream: str) -> str:
+def query_text(dialect: str, stream: str, mode: str = PartitionMode.IMMUTABLE) -> str:
     validate_stream_name(stream)
-    template = GOOGLESQL_QUERY if validate_dialect(dialect) == "googlesql" else POSTGRESQL_QUERY
+    if validate_dialect(dialect) == "googlesql":
+        template = GOOGLESQL_QUERY
+    elif PartitionMode(mode) is PartitionMode.MUTABLE:
+        template = POSTGRESQL_MUTABLE_QUERY
+    else:
+        template = POSTGRESQL_QUERY
     return template.format(stream=stream)
+
+
+def known_mode(database, stream: str) -> PartitionMode | None:
+    with _MODES_LOCK:
+        return _MODES.get(id(database), {}).get(stream)
+
+
+def _remember_mode(database, stream: str, mode: PartitionMode) -> None:
+    with _MODES_LOCK:
+        modes = dict(_MODES.get(id(database), {}), **{stream: mode})
+        remember_for(database, _MODES, modes)
 
 
 # --- decoding --------------------------------------------------------------------------------
@@ -96,8 +192,34 @@ def _value_decoder(type_pb):
     return lambda v: v.string_value if v.WhichOneof("kind") == "string_value" else None
 
 
+def stream_mode(fields_pb) -> PartitionMode:
+    """The partition mode a result's one column shows: PROTO ``ChangeStreamRecord``
+    (GoogleSQL) or BYTES (PostgreSQL ``read_proto_bytes_``): mutable; else immutable."""
+    type_pb = _field_type(fields_pb[0])
+    code = int(type_pb.code)
+    if code == 13 or code == 7:  # PROTO, BYTES
+        return PartitionMode.MUTABLE
+    return PartitionMode.IMMUTABLE
+
+
+def decode_stream_record(value: Any) -> dict[str, Any]:
+    """One ``ChangeRecord`` value (base64 text on the wire, or raw bytes) -> the
+    ``ChangeStreamRecord`` in its protobuf JSON mapping, decoded with the client's own type."""
+    from google.cloud.spanner_v1.types import ChangeStreamRecord
+    from google.protobuf import json_format
+
+    if hasattr(value, "WhichOneof"):
+        value = value.string_value
+    data = value if isinstance(value, bytes) else base64.b64decode(value)
+    message = ChangeStreamRecord.pb().FromString(data)
+    return json_format.MessageToDict(message, preserving_proto_field_name=True)
+
+
 def _decoder(fields_pb, dialect: str):
-    """Row (raw protobuf values) -> the change record dict in the doc's PostgreSQL JSON shape."""
+    """Row (raw protobuf values) -> the change record dict: the doc's PostgreSQL JSON shape in
+    the immutable mode, the ``ChangeStreamRecord`` JSON mapping in the mutable mode."""
+    if stream_mode(fields_pb) is PartitionMode.MUTABLE:
+        return lambda row: decode_stream_record(row[0])
     if dialect == "postgresql":
         def decode_pg(row):
             value = row[0]
@@ -127,12 +249,14 @@ def _decoder(fields_pb, dialect: str):
     return decode_gsql
 
 
-# --- reading ---------------------------------------------------------------------------------
+def to_row(record: dict[str, Any], token: str | None, mode: PartitionMode) -> dict[str, Any]:
+    """A decoded change record -> one flat row (``records`` / ``stream_records``)."""
+    if mode is PartitionMode.MUTABLE:
+        return from_stream_record(record, token)
+    return from_change_record(record, token)
 
-TRANSIENT_ERRORS = (
-    "ServiceUnavailable", "Aborted", "DeadlineExceeded", "InternalServerError", "Cancelled",
-    "ResourceExhausted",
-)
+
+# --- errors ----------------------------------------------------------------------------------
 
 
 def _is_source_error(exc: BaseException) -> bool:
@@ -145,10 +269,6 @@ def _is_source_error(exc: BaseException) -> bool:
     except ImportError:  # pragma: no cover
         rpc_error = ()
     return isinstance(exc, (gexc.GoogleAPIError, *rpc_error))
-
-
-def _is_transient(exc: BaseException) -> bool:
-    return type(exc).__name__ in TRANSIENT_ERRORS
 
 
 def describe_error(exc: BaseException, stream: str | None = None, target=None) -> str:
@@ -167,6 +287,36 @@ def describe_error(exc: BaseException, stream: str | None = None, target=None) -
     if name in ("InvalidArgument", "FailedPrecondition", "OutOfRange"):
         return f"Spanner rejected the query{where}: {message}"
     return f"Spanner error {name}{where}: {message}"
+
+
+def _refused(exc: BaseException) -> bool:
+    return type(exc).__name__ in ("InvalidArgument", "NotFound", "FailedPrecondition")
+
+
+def _mismatch(database, dialect: str) -> str | None:
+    """One sentence when the database's own dialect is not ``dialect`` (None if it is, or if
+    the database cannot say)."""
+    try:
+        own = ask_dialect(database)
+    except Exception:
+        return None
+    if own == dialect:
+        return None
+    return (
+        f"The database is {dialect_name(own)}-dialect but it was queried as "
+        f"{dialect_name(dialect)} (--dialect {dialect}); leave --dialect out to use the "
+        f"database's own dialect, or pass --dialect {own}."
+    )
+
+
+def _is_missing_function(exc: BaseException) -> bool:
+    """PostgreSQL: ``read_json_<stream>`` does not exist (a MUTABLE_KEY_RANGE stream)."""
+    message = (getattr(exc, "message", None) or str(exc)).lower()
+    return _refused(exc) and "read_json_" in message and (
+        "does not exist" in message or "not found" in message)
+
+
+# --- reading ---------------------------------------------------------------------------------
 
 
 def _params(dialect: str, token: str | None, start_ns: int, end_ns: int | None, hb: int):
@@ -198,7 +348,8 @@ class _Session:
         self.api = database.spanner_api
         self.metadata = [("google-cloud-resource-prefix", database.name)]
         self.name = self.api.create_session(
-            request=CreateSessionRequest(database=database.name), metadata=self.metadata
+            request=CreateSessionRequest(database=database.name), metadata=self.metadata,
+            retry=RETRY,
         ).name
 
     def close(self) -> None:
@@ -222,10 +373,15 @@ def _request(session: _Session, sql: str, params: dict, types: dict):
 
 
 def _resumable(session: _Session, request, max_attempts: int, backoff_s: float, stats: dict):
-    """PartialResultSets, resumed from the last resume token after a transient error."""
+    """PartialResultSets, resumed from the last resume token after a transient error: the one
+    retry layer. At most ``max_attempts`` attempts in a row without progress; the pauses follow
+    ``google.api_core.retry``'s exponential backoff (with jitter, at most 5 s)."""
+    from google.api_core.retry import exponential_sleep_generator
+
     resume_token = b""
     buffer: list = []
     failures = 0
+    sleeps = exponential_sleep_generator(backoff_s, 5.0, 2.0)
     while True:
         try:
             request.resume_token = resume_token
@@ -237,28 +393,32 @@ def _resumable(session: _Session, request, max_attempts: int, backoff_s: float, 
                     resume_token = item.resume_token
                     yield from buffer
                     buffer.clear()
-                    failures = 0
+                    if failures:
+                        failures = 0
+                        sleeps = exponential_sleep_generator(backoff_s, 5.0, 2.0)
             yield from buffer
             return
         except Exception as e:
-            if not _is_transient(e) or failures + 1 >= max_attempts:
+            if not is_transient(e) or failures + 1 >= max_attempts:
                 raise
             buffer.clear()
             failures += 1
             stats["retries"] = stats.get("retries", 0) + 1
-            time.sleep(min(backoff_s * (2 ** (failures - 1)), 5.0))
+            time.sleep(next(sleeps))
 
 
 def query_partition(
     database, dialect: str, stream: str, token: str | None, start_ns: int, end_ns: int | None,
     heartbeat_ms: int, *, max_attempts: int = 6, backoff_s: float = 0.2,
-    stats: dict | None = None,
+    stats: dict | None = None, mode: str = PartitionMode.IMMUTABLE,
 ) -> Iterator[dict[str, Any]]:
-    """Change records of one partition query, in the doc's JSON shape, in arrival order."""
+    """Change records of one partition query in arrival order: the doc's JSON shape in the
+    immutable mode, the ``ChangeStreamRecord`` JSON mapping in the mutable one. ``mode``
+    picks the PostgreSQL function; ``stats["mode"]`` tells what the result showed."""
     from google.cloud.spanner_v1.streamed import StreamedResultSet
 
     stats = stats if stats is not None else {}
-    sql = query_text(dialect, stream)
+    sql = query_text(dialect, stream, mode)
     params, types = _params(dialect, token, start_ns, end_ns, heartbeat_ms)
     session = _Session(database)
     try:
@@ -269,71 +429,136 @@ def query_partition(
         decode = None
         for row in results:
             if decode is None:
+                stats["mode"] = stream_mode(results.fields)
                 decode = _decoder(results.fields, dialect)
             yield decode(row)
+        if decode is None and results.metadata is not None and results.fields:
+            stats["mode"] = stream_mode(results.fields)
     finally:
         session.close()
 
 
 def read_partition_rows(
-    database, dialect: str, stream: str, token: str | None, start_ns: int, end_ns: int,
+    database, dialect: str | None, stream: str, token: str | None, start_ns: int, end_ns: int,
     heartbeat_ms: int, *, max_attempts: int = 6, backoff_s: float = 0.2,
 ) -> Iterator[dict[str, Any]]:
     """Flat record rows of one partition from ``start_ns`` to ``end_ns``, then its end row.
 
-    Never raises for the source's faults: a partition that keeps failing ends with a
-    ``partition_end`` row in state ``incomplete`` naming the error, after every row read.
-    A restarted query resumes at the last progress mark and skips what it already yielded.
+    ``dialect`` None: the database's own (asked once per process). Both partition modes: the
+    mode comes from the first query's result; in the mutable mode (and until the mode is
+    known) the partition is read in windows of at most 30 minutes, and it ends at its
+    partition end record. A process that does not know the stream's mode yet learns it from an
+    empty-span query first (``_probe_mode``). Never raises for the source's faults: a
+    partition that keeps failing ends with a ``partition_end`` row in state ``incomplete``
+    naming the error, after every row read. Rows a window or a resumed stream returns twice
+    are yielded once.
     """
-    seen_at_mark: set[tuple] = set()
-    mark = start_ns
-    child_start: int | None = None
-    arrival = 0
-    attempts = 0
+    given = dialect
     stats: dict = {}
-    while True:
-        attempts += 1
-        try:
-            for record in query_partition(
-                database, dialect, stream, token, mark, end_ns, heartbeat_ms,
-                max_attempts=max_attempts, backoff_s=backoff_s, stats=stats,
-            ):
+    mark = start_ns
+    seen_at_mark: set[tuple] = set()
+    end_at: int | None = None  # the partition's end (child partitions / partition end record)
+    arrival = 0
+    queries = 0
+    try:
+        dialect = validate_dialect(dialect) if dialect is not None else ask_dialect(database)
+        mode = known_mode(database, stream)
+        if mode is None and token is not None:
+            mode = _probe_mode(database, dialect, stream, token, start_ns, heartbeat_ms,
+                               max_attempts, backoff_s, stats)
+        while True:
+            window_end = (end_ns if mode is PartitionMode.IMMUTABLE
+                          else min(end_ns, mark + MUTABLE_WINDOW_NS))
+            queries += 1
+            records = _query_with_mode(database, dialect, stream, token, mark, window_end,
+                                       heartbeat_ms, mode, max_attempts, backoff_s, stats)
+            for record in records:
+                mode = stats["mode"]
                 try:
-                    row = from_change_record(record, token)
+                    row = to_row(record, token, mode)
                 except RecordError as e:
-                    yield bad_row(token or "(initial query)", arrival, json.dumps(record,
-                                  default=str), str(e))
+                    yield bad_row(token or "(initial query)", arrival,
+                                  json.dumps(record, default=str), str(e))
                     continue
                 identity = (row["kind"], row["ts_ns"], row.get("server_transaction_id"),
                             row.get("record_sequence"))
                 if row["ts_ns"] < mark or (row["ts_ns"] == mark and identity in seen_at_mark):
-                    continue  # re-read after a restart
+                    continue  # returned again by a resumed stream or the next window
                 if row["ts_ns"] > mark:
                     mark, seen_at_mark = row["ts_ns"], set()
                 seen_at_mark.add(identity)
-                if row["kind"] == "child_partitions":
-                    child_start = row["ts_ns"]
+                if row["kind"] in ("child_partitions", "partition_end_record"):
+                    end_at = row["ts_ns"]
                 arrival += 1
                 row["line"] = arrival
                 yield row
-            break
-        except Exception as e:
-            if not _is_source_error(e):
-                raise
-            retryable = _is_transient(e)
-            if not retryable or attempts >= 3:
-                yield partition_end(
-                    token, "incomplete", mark, read_from=start_ns,
-                    error=describe_error(e, stream), attempts=attempts,
-                    retries=stats.get("retries", 0),
-                )
-                return
-            time.sleep(backoff_s * attempts)
+            mode = stats.get("mode", mode)
+            if mode is not None:
+                _remember_mode(database, stream, mode)
+            if token is None or end_at is not None or window_end >= end_ns:
+                break
+            if window_end > mark:  # the window was read through to its end
+                mark, seen_at_mark = window_end, set()
+    except Exception as e:
+        if not _is_source_error(e):
+            raise
+        error = (given is not None and _refused(e) and _mismatch(database, given)) or \
+            describe_error(e, stream)
+        yield partition_end(token, "incomplete", mark, read_from=start_ns, error=error,
+                            attempts=queries, retries=stats.get("retries", 0))
+        return
     if token is None:
         return
-    if child_start is not None:
-        yield partition_end(token, "finished", child_start, read_from=start_ns, end=child_start,
-                            attempts=attempts, retries=stats.get("retries", 0))
+    if end_at is not None:
+        yield partition_end(token, "finished", end_at, read_from=start_ns, end=end_at,
+                            attempts=queries, retries=stats.get("retries", 0))
     else:
-        yield partition_end(token, "open", end_ns, read_from=start_ns, attempts=attempts,
+        yield partition_end(token, "open", end_ns, read_from=start_ns, attempts=queries,
                             retries=stats.get("retries", 0))
+
+
+def _probe_mode(database, dialect, stream, token, start_ns, heartbeat_ms, max_attempts,
+                backoff_s, stats) -> PartitionMode | None:
+    """The partition mode from an empty-span query (start = end, valid in both modes), so the
+    real query can span the whole range in the immutable mode (its heartbeats then do not
+    depend on a window). Its rows are not kept: the real query returns them again."""
+    probe: dict = {}
+    for _ in _query_with_mode(database, dialect, stream, token, start_ns, start_ns,
+                              heartbeat_ms, None, max_attempts, backoff_s, probe):
+        pass
+    stats["retries"] = stats.get("retries", 0) + probe.get("retries", 0)
+    mode = probe.get("mode")
+    if mode is not None:
+        _remember_mode(database, stream, mode)
+    return mode
+
+
+def _query_with_mode(database, dialect, stream, token, start_ns, end_ns, heartbeat_ms, mode,
+                     max_attempts, backoff_s, stats) -> Iterator[dict[str, Any]]:
+    """``query_partition`` with the partition mode settled: in PostgreSQL an unknown mode
+    tries ``read_json_<stream>`` and, when the database says it does not exist, the mutable
+    mode's ``read_proto_bytes_<stream>``."""
+    if mode is None and dialect == "postgresql":
+        try:
+            first = True
+            for record in query_partition(
+                database, dialect, stream, token, start_ns, end_ns, heartbeat_ms,
+                max_attempts=max_attempts, backoff_s=backoff_s, stats=stats,
+                mode=PartitionMode.IMMUTABLE,
+            ):
+                first = False
+                yield record
+            return
+        except Exception as e:
+            if not (first and _is_missing_function(e)):
+                raise
+        mode = PartitionMode.MUTABLE
+    stats.pop("mode", None)
+    for record in query_partition(
+        database, dialect, stream, token, start_ns, end_ns, heartbeat_ms,
+        max_attempts=max_attempts, backoff_s=backoff_s, stats=stats,
+        mode=mode or PartitionMode.IMMUTABLE,
+    ):
+        yield record
+    if "mode" not in stats and mode is not None:
+        stats["mode"] = mode

@@ -80,7 +80,7 @@ class _Workflow:
         finished = False
         for row in self.read(token, start_ns):
             kind = row["kind"]
-            if kind == "child_partitions":
+            if kind in ("child_partitions", "partition_start"):
                 for child in json.loads(row["child_partitions"]):
                     children.append((child["token"], child["parent_partition_tokens"],
                                      row["ts_ns"]))
