@@ -39,6 +39,9 @@ class LiveWorld:
                  clock: Callable[[], int] = time.time_ns):
         if speed < 1:
             raise ValueError("speed must be a whole number >= 1")
+        mode = getattr(world, "partition_mode", "IMMUTABLE_KEY_RANGE")
+        if mode != "IMMUTABLE_KEY_RANGE":
+            raise ValueError(f"the live world replays immutable-key-range worlds, not {mode}")
         self.base = world
         self.speed = int(speed)
         self.clock = clock
