@@ -5,31 +5,17 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-import pandas as pd
+from spark_backend.analysis.display import (  # noqa: F401  (the pages' names)
+    is_missing,
+    ns_column,
+    parents_text,
+    short,
+    timestamp,
+    to_datetime,
+)
+from spark_backend.model.timestamps import format_duration
 
-from spark_backend.model.timestamps import format_duration, format_ns
-
-
-def is_missing(value: Any) -> bool:
-    if value is None or isinstance(value, str):
-        return value is None
-    try:
-        return bool(pd.isna(value))
-    except (TypeError, ValueError):
-        return False
-
-
-def to_datetime(ns: Any) -> pd.Timestamp | None:
-    """Integer nanoseconds -> a UTC pandas Timestamp (None stays None)."""
-    if is_missing(ns):
-        return None
-    return pd.Timestamp(int(ns), unit="ns", tz="UTC")
-
-
-def ns_column(series: pd.Series) -> pd.Series:
-    """A column of ``*_ns`` integers -> UTC datetimes, for axes and tables."""
-    # Microseconds: what a browser shows, and plotly warns when it drops nanoseconds.
-    return pd.to_datetime(series.astype("Int64"), unit="ns", utc=True).dt.floor("us")
+from .safe import md
 
 
 def clock(ns: Any) -> str:
@@ -38,18 +24,6 @@ def clock(ns: Any) -> str:
         return "-"
     seconds = int(ns) // 1_000_000_000
     return dt.datetime.fromtimestamp(seconds, tz=dt.UTC).strftime("%H:%M:%S")
-
-
-def timestamp(ns: Any) -> str:
-    """Full RFC 3339 with the precision the source gave."""
-    return "-" if is_missing(ns) else format_ns(int(ns))
-
-
-def short(token: Any, n: int = 12) -> str:
-    if is_missing(token):
-        return "(root)"
-    text = str(token)
-    return text if len(text) <= n + 1 else text[:n] + "…"
 
 
 def count(n: Any) -> str:
@@ -61,31 +35,54 @@ def duration(seconds: float) -> str:
 
 
 def held_back_sentence(holder: dict[str, Any] | None) -> str:
-    """'partition X has held the stream back for 4m12s since 09:40:01'."""
+    """Markdown: 'partition X has held the stream back for 4m12s since 09:40:01'."""
     if not holder:
         return "No partition is holding the stream back: every partition has finished."
     return (
-        f"partition `{holder['partition']}` has held the stream back for "
+        f"partition {md(holder['partition'])} has held the stream back for "
         f"{duration(holder['held_s'])} since {clock(holder['since_ns'])}"
     )
 
 
 def held_back_at_sentence(at_ns: int, holder: str | None, since_ns: Any) -> str:
-    """The replay's sentence: who held the low watermark at a given moment."""
+    """Markdown, the replay's sentence: who held the low watermark at a given moment."""
     if holder is None or is_missing(since_ns):
         return f"At {clock(at_ns)} no open partition held the stream back."
     held = (int(at_ns) - int(since_ns)) / 1e9
     return (
-        f"At {clock(at_ns)}, partition `{holder}` held the stream back: its watermark had "
+        f"At {clock(at_ns)}, partition {md(holder)} held the low watermark: its watermark had "
         f"stayed at {clock(since_ns)} for {duration(held)}."
     )
 
 
-def parents_text(parents: Any) -> str:
-    if parents is None or isinstance(parents, float | str):
-        return "(root)" if not isinstance(parents, str) else short(parents)
-    items = [p for p in list(parents) if p is not None]
-    return ", ".join(short(p) for p in items) if items else "(root)"
+def stall_sentence(stall: dict[str, Any] | None, threshold_s: float) -> str:
+    """Markdown: the worst stall of the range in words (who, from when to when, how much,
+    whether it still holds the stream back)."""
+    if stall is None:
+        return (f"No stall: no partition held the low watermark more than {threshold_s:g}s "
+                "behind in this range.")
+    since = clock(stall["since_ns"])
+    if stall["ongoing"]:
+        tail = (f"since {since} and **still does**: the low watermark is "
+                f"{duration(stall['max_lag_s'])} behind.")
+    else:
+        until = clock(stall["until_ns"] if stall["until_ns"] is not None else stall["last_ns"])
+        tail = (f"from {since} to {until}, up to {duration(stall['max_lag_s'])} behind; "
+                f"it recovered at {until}.")
+    return (f"**Worst stall:** partition {md(short(stall['partition'], 20))} went silent and "
+            f"held the low watermark back {tail} It held it more than {threshold_s:g}s behind "
+            f"for {duration(stall['cost_s'])}.")
+
+
+def current_sentence(now: dict[str, Any] | None, threshold_s: float) -> str:
+    """Markdown: the low watermark at the end of the range, and whether that is a stall."""
+    if now is None:
+        return "No progress marks in this range yet."
+    verdict = ("a stall" if now["lag_s"] > threshold_s
+               else f"normal (under the {threshold_s:g}s threshold)")
+    return (f"**Now** ({clock(now['t_ns'])}): the low watermark is {clock(now['low_ns'])}, "
+            f"{duration(now['lag_s'])} behind, held by partition "
+            f"{md(short(now['holder'], 20))}: {verdict}.")
 
 
 def range_clip_note(start_ns: Any, end_ns: Any) -> str:

@@ -7,16 +7,20 @@ stall threshold, the walkthrough. With an empty cache it pulls the demo world by
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+ICON = Path(__file__).resolve().parent / "icon.png"
 if str(ROOT) not in sys.path:  # `streamlit run app/main.py` puts app/ first, not the project
     sys.path.insert(0, str(ROOT))
 
 import streamlit as st  # noqa: E402
 from streamlit import config as st_config  # noqa: E402
 
-from app import nav, pulling, resources, state, widgets  # noqa: E402
+from app import nav, resources, state, widgets  # noqa: E402
+from app.live import LIVE_PREFIX  # noqa: E402
+from app.safe import md  # noqa: E402
 
 # Where the server may listen without being asked: loopback only. The project's
 # .streamlit/config.toml says so, and app/.streamlit/config.toml (a link to it) makes Streamlit
@@ -45,24 +49,30 @@ def _open(path: str) -> str | None:
 
 
 def _bootstrap(path: str) -> None:
-    """An empty cache: pull the demo world once, showing progress, then land on the overview."""
-    if resources.streams(path) or st.session_state.get("bootstrapped"):
+    """An empty cache: pull the demo world in time slices on a background thread
+    (``app.bootstrap``); once the first slice has landed the pages show it, and the Overview
+    follows the rest as it lands."""
+    boot = resources.bootstrap_of(path)
+    if boot is None and (resources.streams(path) or st.session_state.get("bootstrapped")):
+        return
+    if boot is not None and (boot.slices_done or boot.error or not boot.running):
+        if boot.error:
+            st.error(md(boot.error))
         return
     st.session_state["bootstrapped"] = True
+    boot = resources.start_bootstrap(path)  # returns at once; its thread starts Spark
     with st.status("The cache is empty: pulling the demo world…", expanded=True) as box:
-        bar = st.progress(0.0)
         line = st.empty()
-
-        def show(p) -> None:
-            bar.progress(pulling.progress_fraction(p))
-            line.write(pulling.progress_text(p))
-
-        with resources.pull_lock(path):
-            outcome = pulling.pull(resources.open_cache(path), pulling.PullForm(source="demo"),
-                                   show, prepare=resources.prepare_pull)
-        box.update(label=outcome.message, state="complete" if outcome.ok else "error")
-    if outcome.ok:
-        st.switch_page(nav.page("overview"))
+        bar = st.progress(0.0)
+        while boot.running and not boot.slices_done:
+            bar.progress(boot.fraction)
+            line.text(boot.progress_text())
+            time.sleep(0.5)
+        if boot.error:
+            box.update(label=md(boot.error), state="error")
+            return
+        box.update(label="The first part of the demo world is cached.", state="complete")
+    st.switch_page(nav.page("overview"))
 
 
 def _sidebar_cache() -> str:
@@ -81,12 +91,14 @@ def _sidebar_stream(path: str) -> str | None:
     chosen = state.take_chosen_stream()
     if chosen in names:  # a page chose it (e.g. a sample just imported)
         state.set_param("stream", chosen)
-        st.session_state.pop("stream_select", None)  # the selectbox starts again at `index`
+        # a new key: the selectbox starts again at `index` (the browser keeps an old key's value)
+        st.session_state["stream_pick_n"] = st.session_state.get("stream_pick_n", 0) + 1
     wanted = state.param("stream")
     if wanted and wanted not in names:
-        st.sidebar.error(f"No stream {wanted!r} in this cache; showing {names[0]}.")
+        st.sidebar.error(md(f"No stream {wanted!r} in this cache; showing {names[0]}."))
     index = names.index(wanted) if wanted in names else 0
-    stream = st.sidebar.selectbox("Stream", names, index=index, key="stream_select")
+    stream = st.sidebar.selectbox("Stream", names, index=index,
+                                  key=f"stream_select_{st.session_state.get('stream_pick_n', 0)}")
     state.set_param("stream", stream)
     return stream
 
@@ -100,7 +112,7 @@ def _sidebar_range() -> tuple[int | None, int | None]:
             bounds.append(state.parse_range_bound(text, label))
             state.set_param(name, text.strip() or None)
         except ValueError as e:
-            st.sidebar.error(str(e))
+            st.sidebar.error(md(str(e)))
             bounds.append(None)
     if bounds[0] is not None and bounds[1] is not None and bounds[0] > bounds[1]:
         st.sidebar.error("Range end: it is before the range start; showing the whole range.")
@@ -120,7 +132,7 @@ def _sidebar_walkthrough(c: state.Ctx) -> None:
         st.sidebar.caption("Nothing to show in this stream yet.")
         return
     index, step = found
-    st.sidebar.markdown(f"**Step {index + 1} of {len(steps)}: {step.title}**")
+    st.sidebar.markdown(f"**Step {index + 1} of {len(steps)}: {md(step.title)}**")
     back, forward = st.sidebar.columns(2)
     if back.button("◀ Back", disabled=index == 0, key="wt_back"):
         widgets.go_to_step(steps, index - 1)
@@ -131,7 +143,8 @@ def _sidebar_walkthrough(c: state.Ctx) -> None:
 
 
 def main() -> None:
-    st.set_page_config(page_title="Change stream inspector", page_icon=":material/account_tree:",
+    # A local icon: a material or emoji icon would be fetched from a font CDN on every page.
+    st.set_page_config(page_title="Change stream inspector", page_icon=str(ICON),
                        layout="wide")
     if not _served_where_asked():
         st.error("This server listens on every network interface, which nobody asked for "
@@ -146,14 +159,17 @@ def main() -> None:
     st.session_state["cache_error"] = error
     stream, start_ns, end_ns, version = None, None, None, 0
     if error:
-        st.sidebar.error(error)
+        st.sidebar.error(md(error))
     else:
         _bootstrap(path)
         version = resources.version(path)
         stream = _sidebar_stream(path)
         if stream is not None:
             start_ns, end_ns = _sidebar_range()
-    stall = float(st.session_state.get("stall_s", state.DEFAULT_STALL_S))
+    stall, stall_error = state.stall_threshold(
+        state.LIVE_STALL_S if stream and stream.startswith(LIVE_PREFIX) else None)
+    if stall_error:
+        st.sidebar.error(md(stall_error))
     c = state.Ctx(path, version, stream, start_ns, end_ns, stall)
     state.set_ctx(c)
     _sidebar_walkthrough(c)

@@ -14,6 +14,7 @@ from typing import Any
 import duckdb
 import pandas as pd
 
+from spark_backend.analysis import stalls
 from spark_backend.analysis.transactions import TRANSACTION_FILTER, transaction_filter_params
 from spark_backend.cache.schema import TABLE_DOCS
 from spark_backend.formats import recording
@@ -35,10 +36,11 @@ class RecordFilter:
     start_ns: int | None = None
     end_ns: int | None = None
     heartbeats: bool = False  # the preset "hide heartbeats" is heartbeats=False
+    search: str | None = None  # a text to find in keys, new or old values (case-insensitive)
 
     @property
     def data_only(self) -> bool:
-        return bool(self.table or self.key or self.mod_type or self.txid)
+        return bool(self.table or self.key or self.mod_type or self.txid or self.search)
 
 
 @dataclass(frozen=True)
@@ -122,52 +124,27 @@ def pulls(con: duckdb.DuckDBPyConnection, stream: str | None) -> pd.DataFrame:
 
 
 def watermark_replay(
-    con: duckdb.DuckDBPyConnection, stream: str, points: int = 240
+    con: duckdb.DuckDBPyConnection, stream: str, points: int = 240,
+    start_ns: int | None = None, end_ns: int | None = None,
 ) -> pd.DataFrame:
-    """Every partition's watermark at each of ``points`` moments over the covered range.
-
-    One row per (moment t_ns, partition alive at t): watermark_ns is its latest progress mark at
-    or before t (its start when it has none yet); finished partitions drop out at their end.
-    """
-    return con.execute(
-        """
-        WITH bounds AS (
-            SELECT min(start_ts) AS lo,
-                   greatest(max(coalesce(end_ts, watermark)), max(read_to)) AS hi
-            FROM partitions WHERE stream = $stream),
-        grid AS (
-            SELECT epoch_ns(lo) + (epoch_ns(hi) - epoch_ns(lo)) * i // $n AS t_ns
-            FROM bounds, range(1, $n + 1) r(i) WHERE lo IS NOT NULL),
-        alive AS (
-            SELECT g.t_ns, p.token, epoch_ns(p.start_ts) AS start_ns
-            FROM grid g JOIN partitions p ON p.stream = $stream
-              AND epoch_ns(p.start_ts) <= g.t_ns
-              AND (p.end_ts IS NULL OR epoch_ns(p.end_ts) > g.t_ns)
-              AND p.state <> 'pending'),
-        step AS (SELECT greatest(1, (epoch_ns(hi) - epoch_ns(lo)) // $n) AS ns, epoch_ns(lo) AS lo
-                 FROM bounds),
-        marks AS (  -- the latest mark per partition and grid step: what an ASOF needs
-            SELECT partition_token AS token, max(epoch_ns(ts)) AS ts_ns
-            FROM progress_marks, step WHERE stream = $stream
-            GROUP BY partition_token, (epoch_ns(ts) - step.lo) // step.ns)
-        SELECT a.t_ns, a.token AS partition,
-               greatest(coalesce(m.ts_ns, a.start_ns), a.start_ns) AS watermark_ns
-        FROM alive a ASOF LEFT JOIN marks m ON a.token = m.token AND a.t_ns >= m.ts_ns
-        ORDER BY a.t_ns, a.token
-        """,
-        {"stream": stream, "n": max(2, int(points))},
-    ).df()
+    """Every partition's watermark at each of ``points`` moments (``analysis.stalls``)."""
+    return stalls.watermark_replay(con, stream, points, start_ns, end_ns)
 
 
-def low_watermark_over_time(replay: pd.DataFrame) -> pd.DataFrame:
-    """Per moment: the low watermark, the partition holding it, and how long it has held it."""
-    if replay.empty:
-        return pd.DataFrame(columns=["t_ns", "low_ns", "holder", "held_s"])
-    idx = replay.sort_values(["t_ns", "watermark_ns", "partition"]).groupby("t_ns").head(1)
-    out = idx.rename(columns={"watermark_ns": "low_ns", "partition": "holder"})
-    out = out[["t_ns", "low_ns", "holder"]].reset_index(drop=True)
-    out["held_s"] = (out["t_ns"] - out["low_ns"]) / 1e9
-    return out
+low_watermark_over_time = stalls.low_watermark_over_time
+lag_over_time = stalls.lag_over_time
+
+
+def stalls_table(found: list[dict]) -> pd.DataFrame:
+    """The stalls as a table: partition, from, until, worst lag, cost, still now."""
+    df = pd.DataFrame(found)
+    return pd.DataFrame({
+        "partition": df["partition"],
+        "from": pd.to_datetime(df["since_ns"], unit="ns", utc=True),
+        "until": pd.to_datetime(df["until_ns"].astype("Int64"), unit="ns", utc=True),
+        "still now": df["ongoing"], "worst lag (s)": df["max_lag_s"].round(1),
+        "held more than the threshold (s)": df["cost_s"].round(1),
+    })
 
 
 def lag_at(replay: pd.DataFrame, t_ns: int) -> pd.DataFrame:
@@ -225,6 +202,63 @@ def txn_points(
     ).df()
 
 
+def _tparams(stream: str, f: TxnFilter) -> dict[str, Any]:
+    return transaction_filter_params(stream, f.table, f.tag, f.mod_type, f.start_ns, f.end_ns)
+
+
+def _txn_bounds(con: duckdb.DuckDBPyConnection, stream: str, f: TxnFilter) -> tuple[int, int]:
+    row = con.execute(
+        "SELECT epoch_ns(min(commit_timestamp)), epoch_ns(max(commit_timestamp)) "
+        "FROM transactions WHERE " + TRANSACTION_FILTER, _tparams(stream, f)).fetchone()
+    lo = f.start_ns if f.start_ns is not None else row[0]
+    hi = f.end_ns if f.end_ns is not None else row[1]
+    return (lo, hi) if lo is not None and hi is not None else (0, 0)
+
+
+_NICE_S = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 21600, 43200, 86400)
+
+
+def bucket_width(lo: int, hi: int, buckets: int) -> int:
+    """A round bucket width (1s, 5s, 1m, 5m, ...) giving at most ``buckets`` buckets."""
+    want = (hi - lo) / max(1, int(buckets)) / 1e9
+    seconds = next((n for n in _NICE_S if n >= want), None)
+    return int(seconds * 1e9) if seconds else max(1, int(want * 1e9) + 1)
+
+
+def txn_buckets(con: duckdb.DuckDBPyConnection, stream: str, f: TxnFilter,
+                buckets: int = 120) -> pd.DataFrame:
+    """Transactions (by their first commit) per time bucket over the filtered range: every
+    bucket of the range, empty ones with 0 (bucket_ns, transactions). From the per-transaction
+    summary the cache keeps, not the records."""
+    lo, hi = _txn_bounds(con, stream, f)
+    width = bucket_width(lo, hi, buckets)
+    lo -= lo % width
+    return con.execute(
+        """WITH b AS (SELECT (epoch_ns(commit_timestamp) - $lo) // $w AS i, count(*) AS n
+                      FROM transactions WHERE """ + TRANSACTION_FILTER + """ GROUP BY 1)
+            SELECT $lo + r.i * $w AS bucket_ns, coalesce(b.n, 0) AS transactions
+            FROM range(0, $k) r(i) LEFT JOIN b ON b.i = r.i ORDER BY 1""",
+        {**_tparams(stream, f), "lo": int(lo), "w": int(width),
+         "k": int((hi - lo) // width + 1)},
+    ).df()
+
+
+def txn_density(con: duckdb.DuckDBPyConnection, stream: str, f: TxnFilter,
+                buckets: int = 120) -> pd.DataFrame:
+    """Transactions per (time bucket, partition touched): bucket_ns, partition, transactions."""
+    lo, hi = _txn_bounds(con, stream, f)
+    width = bucket_width(lo, hi, buckets)
+    lo -= lo % width
+    return con.execute(
+        """WITH t AS (SELECT $lo + ((epoch_ns(commit_timestamp) - $lo) // $w) * $w AS bucket_ns,
+                             unnest(partitions) AS partition
+                      FROM transactions WHERE """ + TRANSACTION_FILTER + """)
+           SELECT bucket_ns, partition, count(*) AS transactions FROM t
+           GROUP BY ALL ORDER BY 1, 2""",
+        {**_tparams(stream, f), "lo": int(lo), "w": int(width)},
+    ).df()
+
+
 def completeness(con: duckdb.DuckDBPyConnection, stream: str, f: TxnFilter) -> dict[str, int]:
     """Records seen / expected and partitions seen / expected over the filtered transactions
     (from the per-transaction summary the cache keeps at ingest)."""
@@ -252,26 +286,26 @@ def side_by_side(records: pd.DataFrame) -> pd.DataFrame:
             rows.append({
                 "record_sequence": r.record_sequence, "table": r.table_name,
                 "mod_type": r.mod_type, "keys": r.keys, "column": column,
-                "old": _cell(old.get(column)), "new": _cell(new.get(column)),
+                "old": cell(old.get(column)), "new": cell(new.get(column)),
                 "changed": old.get(column) != new.get(column),
             })
     return pd.DataFrame(rows, columns=["record_sequence", "table", "mod_type", "keys", "column",
                                        "old", "new", "changed"])
 
 
-def _cell(value: Any) -> str:
+def cell(value: Any) -> str:
+    """A value as a table cell: strings as they are, the rest as JSON."""
     return "" if value is None else value if isinstance(value, str) else json.dumps(value)
 
 
 # --- the records browser ----------------------------------------------------------------------
 
-_DC_COLUMNS = """commit_timestamp AS ts, record_key, 'data_change' AS kind, partition_token,
-    record_sequence, server_transaction_id, table_name, mod_type, mod_count,
-    number_of_records_in_transaction, number_of_partitions_in_transaction, transaction_tag,
-    copies"""
-_HB_COLUMNS = """timestamp AS ts, concat('~hb|', partition_token) AS record_key,
-    'heartbeat' AS kind, partition_token, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-    copies"""
+# What an engineer reads first: time, table, (keys,) mod type; the ids after.
+_DC_COLUMNS = """commit_timestamp AS ts, table_name, mod_type, mod_count, transaction_tag,
+    'data_change' AS kind, server_transaction_id, record_sequence, partition_token,
+    number_of_records_in_transaction, number_of_partitions_in_transaction, copies, record_key"""
+_HB_COLUMNS = """timestamp AS ts, NULL, NULL, NULL, NULL, 'heartbeat' AS kind, NULL, NULL,
+    partition_token, NULL, NULL, copies, concat('~hb|', partition_token) AS record_key"""
 
 
 def _records_sql(f: RecordFilter) -> str:
@@ -285,7 +319,12 @@ def _records_sql(f: RecordFilter) -> str:
           AND ($end IS NULL OR commit_timestamp <= make_timestamp_ns($end))
           AND ($key IS NULL OR record_key IN (SELECT record_key FROM mods
                 WHERE stream = $stream AND keys = CAST($key AS JSON)
-                  AND ($table IS NULL OR table_name = $table)))"""
+                  AND ($table IS NULL OR table_name = $table)))
+          AND ($search IS NULL OR record_key IN (SELECT record_key FROM mods
+                WHERE stream = $stream AND ($table IS NULL OR table_name = $table)
+                  AND (contains(lower(CAST(keys AS VARCHAR)), $search)
+                       OR contains(lower(coalesce(CAST(new_values AS VARCHAR), '')), $search)
+                       OR contains(lower(coalesce(CAST(old_values AS VARCHAR), '')), $search))))"""
     if not f.heartbeats or f.data_only:
         return dc
     return dc + f"""
@@ -298,7 +337,8 @@ def _records_sql(f: RecordFilter) -> str:
 
 def _record_params(stream: str, f: RecordFilter) -> dict[str, Any]:
     return {"stream": stream, "table": f.table, "mod": f.mod_type, "partition": f.partition,
-            "txid": f.txid, "start": f.start_ns, "end": f.end_ns, "key": f.key}
+            "txid": f.txid, "start": f.start_ns, "end": f.end_ns, "key": f.key,
+            "search": f.search.lower() if f.search else None}
 
 
 def records_count(con: duckdb.DuckDBPyConnection, stream: str, f: RecordFilter) -> int:
@@ -314,13 +354,56 @@ def records_page(
     params = _record_params(stream, f)
     params.update({"after_ts": None if after is None else int(after[0]),
                    "after_key": None if after is None else after[1], "size": int(size)})
-    return con.execute(
+    page = con.execute(
         f"""SELECT epoch_ns(ts) AS ts_ns, * EXCLUDE (ts) FROM ({_records_sql(f)})
             WHERE $after_ts IS NULL OR ts > make_timestamp_ns($after_ts)
                OR (ts = make_timestamp_ns($after_ts) AND record_key > $after_key)
             ORDER BY ts, record_key LIMIT $size""",
         params,
     ).df()
+    data = page[page["kind"] == "data_change"]
+    keys = con.execute(  # the page's time window first: zone maps skip the rest of mods
+        """SELECT record_key, CAST(keys AS VARCHAR) AS keys FROM mods
+           WHERE stream = $stream AND mod_index = 0
+             AND commit_timestamp BETWEEN make_timestamp_ns($lo) AND make_timestamp_ns($hi)
+             AND list_contains($k, record_key)""",
+        {"stream": stream, "k": list(data["record_key"]),
+         "lo": int(data["ts_ns"].min()) if len(data) else 0,
+         "hi": int(data["ts_ns"].max()) if len(data) else 0},
+    ).df()
+    page = page.merge(keys, on="record_key", how="left")
+    front = ["ts_ns", "table_name", "keys", "mod_type"]
+    return page[front + [c for c in page.columns if c not in front]]
+
+
+def record_detail(con: duckdb.DuckDBPyConnection, stream: str, record_key: str) -> pd.DataFrame:
+    """One data change record's mods: keys, old and new values (JSON text), in mod order."""
+    return con.execute(
+        """SELECT mod_index, CAST(keys AS VARCHAR) AS keys,
+                  CAST(old_values AS VARCHAR) AS old_values,
+                  CAST(new_values AS VARCHAR) AS new_values
+           FROM mods WHERE stream = $s AND record_key = $k ORDER BY mod_index""",
+        {"s": stream, "k": record_key},
+    ).df()
+
+
+def key_columns(con: duckdb.DuckDBPyConnection, stream: str) -> dict[str, list[str]]:
+    """Per table of the stream, the names of its key columns (from its records' keys)."""
+    rows = con.execute(
+        """SELECT table_name, any_value(json_keys(keys)) FROM mods WHERE stream = ?
+           GROUP BY table_name ORDER BY table_name""", [stream]).fetchall()
+    return {t: list(k or []) for t, k in rows}
+
+
+def key_placeholder(columns: dict[str, list[str]], table: str | None,
+                    sample: str | None = None) -> str:
+    """The key field's example: a real key of the table when there is one, else its columns."""
+    if sample:
+        return sample
+    names = columns.get(table or "") or next(iter(columns.values()), [])
+    if not names:
+        return '{"column": "value"}'
+    return json.dumps({n: "…" for n in names}, ensure_ascii=False)
 
 
 def export_records(

@@ -19,6 +19,7 @@ import pandas as pd
 import streamlit as st
 
 from spark_backend import analysis
+from spark_backend.analysis import stalls as stalls_mod
 from spark_backend.cache.store import Cache
 from spark_backend.model.config import CACHE_ENVVAR, DEFAULT_CACHE
 
@@ -151,8 +152,46 @@ def pulls(path: str, ver: int, stream: str | None) -> pd.DataFrame:
 
 
 @_cached
-def watermark_replay(path: str, ver: int, stream: str, points: int) -> pd.DataFrame:
-    return _run(path, queries.watermark_replay, stream, points)
+def watermark_replay(path: str, ver: int, stream: str, points: int,
+                     start_ns: int | None = None, end_ns: int | None = None) -> pd.DataFrame:
+    return _run(path, stalls_mod.watermark_replay, stream, points, start_ns, end_ns)
+
+
+@_cached
+def stalls(path: str, ver: int, stream: str, threshold_s: float, start_ns: int | None = None,
+           end_ns: int | None = None) -> list[dict]:
+    """The stalls of the range, costliest first (see ``analysis.stalls``)."""
+    replay = watermark_replay(path, ver, stream, stalls_mod.DEFAULT_POINTS, start_ns, end_ns)
+    return _run(path, stalls_mod.stalls, stream, threshold_s, replay)
+
+
+@_cached
+def current_state(path: str, ver: int, stream: str, start_ns: int | None = None,
+                  end_ns: int | None = None) -> dict | None:
+    replay = watermark_replay(path, ver, stream, stalls_mod.DEFAULT_POINTS, start_ns, end_ns)
+    return _run(path, stalls_mod.current_state, stream, replay)
+
+
+@_cached
+def txn_buckets(path: str, ver: int, stream: str, filters: queries.TxnFilter,
+                buckets: int) -> pd.DataFrame:
+    return _run(path, queries.txn_buckets, stream, filters, buckets)
+
+
+@_cached
+def txn_density(path: str, ver: int, stream: str, filters: queries.TxnFilter,
+                buckets: int) -> pd.DataFrame:
+    return _run(path, queries.txn_density, stream, filters, buckets)
+
+
+@_cached
+def record_detail(path: str, ver: int, stream: str, record_key: str) -> pd.DataFrame:
+    return _run(path, queries.record_detail, stream, record_key)
+
+
+@_cached
+def key_columns(path: str, ver: int, stream: str) -> dict[str, list[str]]:
+    return _run(path, queries.key_columns, stream)
 
 
 @_cached
@@ -185,6 +224,14 @@ def sample_keys(path: str, ver: int, stream: str, table: str) -> list[str]:
 @_cached
 def schema(path: str, ver: int) -> pd.DataFrame:
     return _run(path, queries.schema)
+
+
+def html_report(path: str, stream: str, stall_s: float, start_ns: int | None,
+                end_ns: int | None) -> bytes:
+    """The self-contained HTML report (``analysis.html_report``), made when asked for."""
+    from spark_backend.analysis.html_report import build_html
+
+    return _run(path, build_html, stream, stall_s, start_ns, end_ns).encode()
 
 
 def export(path: str, stream: str, filters: queries.RecordFilter, fmt: str) -> bytes:
@@ -232,3 +279,82 @@ def prepare_pull(form: Any) -> str | None:
         return None
     defaults = PullRequest(source="demo")
     return demo_server(defaults.demo_seed, defaults.demo_scale, form.dialect).address
+
+
+# --- live streams ------------------------------------------------------------------------------
+
+
+@st.cache_resource(show_spinner=False)
+def live_runners() -> dict[str, Any]:
+    """The live streams of this server process: stream name -> ``live.LiveRunner``."""
+    return {}
+
+
+def start_live_demo(path: str) -> Any:
+    """Start a live demo world (its own server, Spark warmed first) pulled into ``path`` on a
+    timer; returns its runner."""
+    from spark_backend.demo.live import build_live_world
+    from spark_backend.demo.server import DemoServer
+
+    from . import live, pulling
+
+    warm_spark()  # before any gRPC thread exists: forking next to them is fragile
+    world = build_live_world()
+    server = DemoServer(world, "googlesql")
+    server.start()
+    cache, lock = open_cache(path), pull_lock(path)
+
+    def pull(form: Any, progress: Any) -> Any:
+        with lock:
+            return pulling.pull(cache, form, progress, prepare=lambda f: server.address)
+
+    runner = live.LiveRunner(path, live.new_stream_name(world.now), world, server, pull)
+    live_runners()[runner.stream] = runner
+    runner.start()
+    return runner
+
+
+def live_runner(stream: str | None) -> Any:
+    return live_runners().get(stream) if stream else None
+
+
+# --- the first minute: the demo world into an empty cache, slice by slice -----------------------
+
+
+@st.cache_resource(show_spinner=False)
+def _bootstraps() -> dict[str, Any]:
+    return {}
+
+
+def bootstrap_of(path: str) -> Any:
+    """The bootstrap of this cache file in this server process (``app.bootstrap``), if any."""
+    return _bootstraps().get(path)
+
+
+def start_bootstrap(path: str) -> Any:
+    """Start (once per cache file) pulling the demo world into it slice by slice. Returns at
+    once: Spark and the demo server start on the bootstrap's own thread."""
+    from spark_backend.demo.world import WORLD_DURATION, WORLD_START
+
+    from . import bootstrap
+
+    boots = _bootstraps()
+    if path not in boots:
+        servers: list[Any] = []
+
+        def prepare() -> str:
+            from spark_backend.demo.server import DemoServer
+            from spark_backend.demo.world import build_world
+            from spark_backend.jobs.pull import PullRequest, start_spark
+
+            start_spark()  # before any gRPC thread: forking next to them is fragile
+            defaults = PullRequest(source="demo")
+            server = DemoServer(build_world(defaults.demo_seed, defaults.demo_scale), "googlesql")
+            servers.append(server)
+            return server.start()
+
+        boots[path] = bootstrap.make(path, open_cache(path), pull_lock(path), prepare,
+                                     (WORLD_START, WORLD_START + WORLD_DURATION))
+        boots[path].servers = servers
+        boots[path].start()
+    return boots[path]

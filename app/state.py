@@ -13,8 +13,10 @@ import streamlit as st
 
 from spark_backend.model.timestamps import TimestampError, format_ns, parse_ns
 
-PARAMS = ("stream", "start", "end", "partition", "txn", "step")
+PARAMS = ("stream", "start", "end", "partition", "txn", "step", "at", "stall")
 DEFAULT_STALL_S = 60.0
+LIVE_STALL_S = 15.0  # the live demo world runs 4x faster than life
+MIN_STALL_S, MAX_STALL_S = 1.0, 86_400.0
 
 
 @dataclass(frozen=True)
@@ -89,3 +91,42 @@ def parse_range_bound(text: str, label: str) -> int | None:
 
 def range_text(ns: int | None) -> str:
     return "" if ns is None else format_ns(ns)
+
+
+def stall_threshold(default: float | None = None) -> tuple[float, str | None]:
+    """The stall threshold from the URL (``stall``, seconds); an error sentence when bad.
+    Without one: the threshold chosen in this session, else ``default`` (else 60 s)."""
+    text = param("stall")
+    if text is None:
+        if default is not None and "stall_s" not in st.session_state:
+            return default, None
+        return float(st.session_state.get("stall_s", DEFAULT_STALL_S)), None
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not MIN_STALL_S <= value <= MAX_STALL_S:  # also NaN
+        return DEFAULT_STALL_S, (f"The stall threshold in the URL must be a number of seconds "
+                                 f"from {MIN_STALL_S:g} to {MAX_STALL_S:g}; using "
+                                 f"{DEFAULT_STALL_S:g}.")
+    return value, None
+
+
+def set_stall_threshold(value: float) -> None:
+    st.session_state["stall_s"] = float(value)
+    set_param("stall", None if float(value) == DEFAULT_STALL_S else f"{float(value):g}")
+
+
+def replay_moment() -> tuple[int | None, str | None]:
+    """The replay moment from the URL (``at``, RFC 3339); an error sentence when bad."""
+    text = param("at")
+    if text is None:
+        return None, None
+    try:
+        return parse_ns(text), None
+    except TimestampError as e:
+        return None, f"The replay moment in the URL (at) is not a timestamp: {e}."
+
+
+def set_replay_moment(ns: int | None) -> None:
+    set_param("at", None if ns is None else format_ns(int(ns)))

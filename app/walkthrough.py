@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from . import queries
 from .formatting import clock, duration, short
+from .safe import md
 
 
 @dataclass(frozen=True)
@@ -24,7 +24,7 @@ class Step:
 
 
 def steps(parts: pd.DataFrame, edges: pd.DataFrame, txns: pd.DataFrame,
-          replay: pd.DataFrame) -> list[Step]:
+          stall: dict | None) -> list[Step]:
     out = [Step("The stream at a glance",
                 "The overview: the range cached, partitions live and finished, records, "
                 "transactions, the low watermark and what looks wrong. Each tile links to the "
@@ -34,16 +34,18 @@ def steps(parts: pd.DataFrame, edges: pd.DataFrame, txns: pd.DataFrame,
         parent = max(splits.index, key=lambda p: (len(splits[p]), p))
         kids = tuple(sorted(splits[parent]))
         out.append(Step(
-            "A split", f"Partition `{parent}` split into {len(kids)} children "
-            f"({', '.join(short(k) for k in kids)}): blue edges leave its end.",
+            "A split", f"Partition {md(short(parent, 20))} split into {len(kids)} children "
+            f"({md(', '.join(short(k) for k in kids))}): blue edges leave the end of its bar "
+            "(outlined in yellow with its children).",
             "dag", parent, (parent, *kids)))
     merges = edges[edges["kind"] == "merge"].groupby("child")["parent"].apply(list)
     if not merges.empty:
         child = max(merges.index, key=lambda c: (len(merges[c]), c))
         parents = tuple(sorted(merges[child]))
         out.append(Step(
-            "A merge", f"Partition `{child}` merges {len(parents)} parents "
-            f"({', '.join(short(p) for p in parents)}): it is read once all of them finished.",
+            "A merge", f"Partition {md(short(child, 20))} merges {len(parents)} parents "
+            f"({md(', '.join(short(p) for p in parents))}): purple edges join their ends to its "
+            "start; it is read once all of them finished.",
             "dag", child, (child, *parents)))
     multi = txns[txns["partitions_seen"] > 1] if not txns.empty else txns
     if not multi.empty:
@@ -51,17 +53,17 @@ def steps(parts: pd.DataFrame, edges: pd.DataFrame, txns: pd.DataFrame,
                               ascending=[False, False, True]).iloc[0]
         out.append(Step(
             "A transaction across partitions",
-            f"Transaction `{t.server_transaction_id}` wrote {int(t.records_seen)} records in "
+            f"Transaction {md(t.server_transaction_id)} wrote {int(t.records_seen)} records in "
             f"{int(t.partitions_seen)} partitions; its records are read in order of "
             "(commit_timestamp, record_sequence).",
             "transactions", txn=str(t.server_transaction_id),
             highlight=tuple(t.partitions)))
-    low = queries.low_watermark_over_time(replay)
-    if not low.empty:
-        worst = low.sort_values(["held_s", "t_ns"], ascending=[False, True]).iloc[0]
+    if stall is not None:
         out.append(Step(
             "The stall holding the watermark back",
-            f"At {clock(worst.t_ns)} partition `{worst.holder}` had not advanced for "
-            f"{duration(worst.held_s)}: every consumer waiting on the low watermark waited "
-            "for it.", "watermarks", worst.holder, (worst.holder,), at_ns=int(worst.t_ns)))
+            f"From {clock(stall['since_ns'])} partition {md(short(stall['partition'], 20))} "
+            f"sent nothing, not even a heartbeat, for up to {duration(stall['max_lag_s'])}: "
+            "every consumer waiting on the low watermark waited for it (the red line on the "
+            "lag chart).", "watermarks", stall["partition"], (stall["partition"],),
+            at_ns=int(stall["last_ns"])))
     return out

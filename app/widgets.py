@@ -8,6 +8,28 @@ import streamlit as st
 from . import nav, resources, state, walkthrough
 from .formatting import count, ns_column, short, timestamp
 from .queries import TxnFilter
+from .safe import md
+
+ANOMALY_PAGES = {"stalled": "watermarks", "heartbeat_gap": "watermarks",
+                 "watermark_backwards": "watermarks", "ended_without_children": "dag",
+                 "child_never_read": "dag", "read_failed": "sources"}
+
+
+def clicked_point(key: str) -> str | None:
+    """The ``customdata[0]`` of the point a chart's last selection event carried (read from
+    the widget's state before the chart is drawn again), None without one."""
+    event = st.session_state.get(key)
+    if not event:
+        return None
+    try:
+        points = event["selection"]["points"]
+    except (KeyError, TypeError):
+        return None
+    for p in points or []:
+        data = p.get("customdata")
+        if data:
+            return str(data[0])
+    return None
 
 
 def need_stream() -> state.Ctx:
@@ -16,7 +38,7 @@ def need_stream() -> state.Ctx:
     if c.stream is None:
         error = st.session_state.get("cache_error")
         if error:
-            st.error(error)
+            st.error(md(error))
         else:
             st.info("The cache holds no stream yet. Pull or import one on the Sources page.")
         st.page_link(nav.page("sources"), label="Go to Sources and pull",
@@ -39,10 +61,11 @@ def partition_panel(c: state.Ctx, token: str) -> None:
     detail = resources.partition_detail(c.path, c.version, c.stream, token)
     row = detail["partition"]
     if row.empty:
-        st.warning(f"No partition {token!r} in {c.stream}; choose one in the chart or the list.")
+        st.warning(md(f"No partition {token!r} in {c.stream}; choose one in the chart or the "
+                      "list."))
         return
     r = row.iloc[0]
-    st.markdown(f"#### Partition `{token}`")
+    st.markdown(f"#### Partition {md(token)}")
     cols = st.columns(5)
     cols[0].metric("state", r["state"])
     cols[1].metric("data change records", count(r["data_change_records"]))
@@ -53,7 +76,7 @@ def partition_panel(c: state.Ctx, token: str) -> None:
     st.caption(f"start {timestamp(_ns(r['start_ts']))} · end "
                f"{timestamp(_ns(r['end_ts'])) if not pd.isna(r['end_ts']) else '(open)'} · "
                f"watermark {timestamp(_ns(r['watermark']))}"
-               + (f" · error: {r['error']}" if r.get("error") else ""))
+               + (f" · error: {md(r['error'])}" if r.get("error") else ""))
     left, right = st.columns(2)
     with left:
         st.markdown("**Parents**")
@@ -61,7 +84,7 @@ def partition_panel(c: state.Ctx, token: str) -> None:
         if not parents:
             st.write("the virtual root (a child of the initial query)")
         for p in parents:
-            st.button(f"↑ {short(p, 24)}", key=f"parent-{p}", on_click=state.select_partition,
+            st.button(f"↑ {md(short(p, 24))}", key=f"parent-{p}", on_click=state.select_partition,
                       args=(p,))
     with right:
         st.markdown("**Children**")
@@ -69,7 +92,7 @@ def partition_panel(c: state.Ctx, token: str) -> None:
         if not kids:
             st.write("none (still open, or ended at the range end)")
         for k in kids:
-            st.button(f"↓ {short(k, 24)}", key=f"child-{k}", on_click=state.select_partition,
+            st.button(f"↓ {md(short(k, 24))}", key=f"child-{k}", on_click=state.select_partition,
                       args=(k,))
     tab_records, tab_beats = st.tabs([f"Records ({count(r['data_change_records'])})",
                                       f"Heartbeats ({count(r['heartbeats'])})"])
@@ -99,21 +122,22 @@ def walkthrough_steps(c: state.Ctx) -> list[walkthrough.Step]:
     parts = resources.partitions(c.path, c.version, c.stream, c.stall_s)
     edges = resources.edges(c.path, c.version, c.stream)
     txns = resources.transactions(c.path, c.version, c.stream, TxnFilter(), 20000)
-    replay = resources.watermark_replay(c.path, c.version, c.stream, 240)
-    return walkthrough.steps(parts, edges, txns, replay)
+    found = resources.stalls(c.path, c.version, c.stream, c.stall_s)
+    return walkthrough.steps(parts, edges, txns, found[0] if found else None)
 
 
 def go_to_step(steps: list[walkthrough.Step], index: int) -> None:
     index = max(0, min(len(steps) - 1, index))
     step = steps[index]
-    params = {k: v for k, v in st.query_params.items() if k not in ("partition", "txn")}
+    params = {k: v for k, v in st.query_params.items() if k not in ("partition", "txn", "at")}
     params["step"] = str(index)
+    if step.at_ns is not None:
+        params["at"] = timestamp(step.at_ns)
     if step.partition:
         params["partition"] = step.partition
     if step.txn:
         params["txn"] = step.txn
     st.session_state["highlight"] = step.highlight
-    st.session_state["replay_at"] = step.at_ns
     st.switch_page(nav.page(step.page), query_params=params)
 
 
@@ -137,5 +161,6 @@ def walkthrough_banner(page_name: str) -> tuple[str, ...]:
     if found is None or found[1].page != page_name:
         return ()
     index, step = found
-    st.info(f"**Walkthrough {index + 1}: {step.title}.** {step.text}", icon=":material/tour:")
+    st.info(f"**Walkthrough {index + 1}: {md(step.title)}.** {step.text}",
+            icon=":material/tour:")
     return tuple(st.session_state.get("highlight") or step.highlight)

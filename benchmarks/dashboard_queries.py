@@ -24,6 +24,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from app import dag_layout, figures, queries  # noqa: E402
 from spark_backend import analysis  # noqa: E402
+from spark_backend.analysis import stalls  # noqa: E402
 from spark_backend.cache.store import Cache  # noqa: E402
 
 STREAM = "DemoStream"
@@ -155,8 +156,16 @@ def main() -> None:
         ("query", "records: choices", lambda: queries.choices(con, STREAM)),
         ("figure", "dag: layout + figure (demo)",
          lambda: figures.dag_figure(dag_layout.layout(parts), segments).to_json()),
-        ("figure", "watermarks: figure", lambda: figures.watermark_figure(
-            replay, low, int(low["t_ns"].iloc[120]), low["holder"].iloc[120]).to_json()),
+        ("query", "overview/watermarks: stalls (worst first)",
+         lambda: stalls.stalls(con, STREAM, 60.0, replay)),
+        ("query", "transactions: density (120 buckets x partition)",
+         lambda: queries.txn_density(con, STREAM, queries.TxnFilter(), 120)),
+        ("query", "records: search in values",
+         lambda: queries.records_page(con, STREAM, queries.RecordFilter(search="acc-00001"),
+                                      None, 100)),
+        ("figure", "watermarks: lag over time figure", lambda: figures.lag_over_time_figure(
+            *queries.lag_over_time(replay)[:1], low, 60.0,
+            queries.lag_over_time(replay)[1]).to_json()),
         ("figure", "transactions: timeline figure",
          lambda: figures.txn_figure(points, lanes).to_json()),
         ("figure", "dag: 2,000 partitions layout + figure", dag_2000),

@@ -1,9 +1,10 @@
-"""Partition DAG: partitions on their lanes over time, edges parent -> child by kind."""
+"""Partition DAG: partitions as bars on their lanes over time, edges parent -> child by kind."""
 
 import streamlit as st
 
 from app import dag_layout, figures, resources, state, widgets
-from app.formatting import range_clip_note, to_datetime
+from app.formatting import clock, range_clip_note, to_datetime
+from app.safe import md
 
 c = widgets.need_stream()
 highlight = widgets.walkthrough_banner("dag")
@@ -13,33 +14,53 @@ parts = resources.partitions(c.path, c.version, c.stream, c.stall_s)
 edges = resources.edges(c.path, c.version, c.stream)
 nodes = dag_layout.layout(parts)
 segments = dag_layout.edge_segments(nodes, edges)
+tokens = set(nodes["token"])
 selected = state.selected_partition()
-if selected and selected not in set(nodes["token"]):
-    st.error(f"No partition {selected!r} in {c.stream}; choose one in the chart or the list.")
+
+# A click selects a partition every time: the chart's widget key changes after each click, so
+# the next click starts a fresh selection (plotly toggles a re-clicked point off otherwise).
+n = st.session_state.setdefault("dag_chart_n", 0)
+clicked = widgets.clicked_point(f"dag_chart_{n}")
+if clicked is not None:
+    st.session_state["dag_chart_n"] = n = n + 1
+    if clicked in tokens:
+        state.select_partition(clicked)
+        selected = clicked
+if selected and selected not in tokens:
+    st.error(md(f"No partition {selected!r} in {c.stream}; choose one in the chart or the "
+                "list."))
     selected = None
+
+now = resources.current_state(c.path, c.version, c.stream, c.start_ns, c.end_ns)
+holder = now["holder"] if now and now["lag_s"] > c.stall_s else None
+found = resources.stalls(c.path, c.version, c.stream, c.stall_s, c.start_ns, c.end_ns)
+notes, spans = {}, []
+if found:
+    w = found[0]
+    until = w["until_ns"] or w["last_ns"]
+    notes[w["partition"]] = (f"silent {clock(w['since_ns'])}–"
+                             + ("now" if w["ongoing"] else clock(until)))
+    spans.append((w["partition"], w["since_ns"], until))
 
 kinds = edges["kind"].value_counts()
 st.caption(f"{len(nodes):,} partitions on {int(nodes['lane'].max()) + 1 if len(nodes) else 0} "
            f"lanes · {kinds.get('split', 0)} split edges · {kinds.get('merge', 0)} merge edges · "
-           f"{kinds.get('move', 0)} moves · stalled after {c.stall_s:g}s "
-           "(threshold on the Watermarks page). Click a partition to drill into it."
-           + range_clip_note(c.start_ns, c.end_ns))
+           f"{kinds.get('move', 0)} moves · stalled after {c.stall_s:g}s. Each bar runs from a "
+           "partition's start to its end (or watermark); click a bar to drill into it, drag to "
+           "zoom in time, double-click to zoom out." + range_clip_note(c.start_ns, c.end_ns))
 marked = [*highlight, *([selected] if selected else [])]
-fig = figures.dag_figure(nodes, segments, highlight=marked)
+fig = figures.dag_figure(nodes, segments, highlight=marked, holder=holder, notes=notes,
+                         spans=spans)
 if c.start_ns or c.end_ns:
-    fig.update_xaxes(range=[to_datetime(c.start_ns), to_datetime(c.end_ns)])
-event = st.plotly_chart(fig, key="dag_chart", on_select="rerun", selection_mode="points",
-                        config={"toImageButtonOptions": {"format": "png", "filename": "dag",
-                                                         "scale": 2}})
-points = (event or {}).get("selection", {}).get("points", []) if event else []
-clicked = next((p["customdata"][0] for p in points if p.get("customdata")), None)
-if clicked and clicked != selected:
-    state.select_partition(clicked)
-    selected = clicked
+    fig.update_xaxes(range=[to_datetime(c.start_ns or int(nodes["x0_ns"].min())),
+                            to_datetime(c.end_ns or int(nodes["x1_ns"].max()))])
+st.plotly_chart(fig, key=f"dag_chart_{n}", on_select="rerun", selection_mode="points",
+                config={"toImageButtonOptions": {"format": "png", "filename": "dag",
+                                                 "scale": 2}})
 
-tokens = list(nodes["token"])
-pick = st.selectbox("Partition", ["(none)", *tokens],
-                    index=tokens.index(selected) + 1 if selected in tokens else 0,
+ordered = list(nodes.sort_values(["lane", "x0_ns"])["token"])
+pick = st.selectbox("Partition", ["(none)", *ordered],
+                    index=ordered.index(selected) + 1 if selected in ordered else 0,
                     key=f"dag_pick_{selected}")
 if pick != "(none)" and pick != selected:
     state.select_partition(pick)
@@ -47,9 +68,9 @@ if pick != "(none)" and pick != selected:
 
 left, mid, right = st.columns(3)
 left.download_button("Export DOT", dag_layout.to_dot(nodes, edges, c.stream),
-                     file_name=f"{c.stream}-dag.dot", mime="text/vnd.graphviz")
+                     file_name="dag.dot", mime="text/vnd.graphviz")
 mid.download_button("Export SVG", dag_layout.to_svg(nodes, segments),
-                    file_name=f"{c.stream}-dag.svg", mime="image/svg+xml")
+                    file_name="dag.svg", mime="image/svg+xml")
 right.caption("PNG: the camera icon of the chart's toolbar.")
 
 merges = edges[edges["kind"] == "merge"].groupby("child")["parent"].apply(list)

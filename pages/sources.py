@@ -1,12 +1,14 @@
 """Sources and pull: choose a source, a range and a heartbeat; pull with live progress; what is
 cached per stream; refresh a live stream on a timer."""
 
+import time
 from datetime import timedelta
 
 import streamlit as st
 
-from app import pulling, resources, samples, state, widgets
+from app import live, nav, pulling, resources, samples, state, widgets
 from app.formatting import ns_column
+from app.safe import md
 from spark_backend.model import config
 
 c = state.ctx()
@@ -17,7 +19,7 @@ errors: dict[str, str] = st.session_state.get("pull_errors", {})
 
 def field_error(name: str) -> None:
     if errors.get(name):
-        st.error(errors[name])
+        st.error(md(errors[name]))
 
 
 form = pulling.PullForm()
@@ -72,12 +74,12 @@ if go:
 
             def show(p) -> None:
                 bar.progress(pulling.progress_fraction(p))
-                line.write(pulling.progress_text(p))
+                line.text(pulling.progress_text(p))
 
             with resources.pull_lock(c.path):
                 outcome = pulling.pull(resources.open_cache(c.path), form, show,
                                        prepare=resources.prepare_pull)
-            box.update(label=outcome.message, state="complete" if outcome.ok else "error")
+            box.update(label=md(outcome.message), state="complete" if outcome.ok else "error")
         if outcome.ok:
             st.session_state["pull_message"] = outcome.message
         else:
@@ -85,7 +87,7 @@ if go:
     st.session_state["pull_errors"] = errors
     st.rerun()
 if st.session_state.get("pull_message") and not errors:
-    st.success(st.session_state["pull_message"])
+    st.success(md(st.session_state["pull_message"]))
 
 st.subheader("Load a sample")
 st.caption("Other systems' files from `fixtures/samples/`, each into its own stream, "
@@ -98,22 +100,49 @@ if clicked is not None:
     if st.session_state.get("cache_error"):
         st.session_state["sample_outcome"] = (False, st.session_state["cache_error"])
     else:
-        with st.status(f"Importing {clicked.label}…", expanded=True) as box:
+        with st.status(md(f"Importing {clicked.label}…"), expanded=True) as box:
             line = st.empty()
             with resources.pull_lock(c.path):
-                outcome = samples.load(resources.open_cache(c.path), clicked, line.write)
-            box.update(label=outcome.message, state="complete" if outcome.ok else "error")
+                outcome = samples.load(resources.open_cache(c.path), clicked, line.text)
+            box.update(label=md(outcome.message), state="complete" if outcome.ok else "error")
         st.session_state["sample_outcome"] = (outcome.ok, outcome.message)
         if outcome.ok:
             state.choose_stream(clicked.stream)
     st.rerun()
 if st.session_state.get("sample_outcome"):
     ok, message = st.session_state["sample_outcome"]
-    (st.success if ok else st.error)(message)
+    (st.success if ok else st.error)(md(message))
+
+st.subheader("Live demo")
+st.caption("The demo world replayed against the clock, 4× faster than life: partitions split "
+           "and merge every few tens of seconds, and one partition goes silent 30 s after the "
+           "start and speaks again 90 s later. It is served by a local Spanner-protocol server "
+           "and pulled every 5 s into a stream of its own (only the new span is read); the "
+           "Overview follows it live. It plays for about 8 minutes (the rest of the recorded "
+           "hour).")
+runners = resources.live_runners()
+running = [r for r in runners.values() if r.running]
+l1, l2 = st.columns([1, 3])
+if l1.button("Start the live demo", key="live_start", type="primary",
+             disabled=bool(st.session_state.get("cache_error")) or bool(running)):
+    with st.spinner("Starting the live world and its first pull…"):
+        runner = resources.start_live_demo(c.path)
+        for _ in range(240):  # the first pull lands the stream; then the Overview follows it
+            if runner.ticks or not runner.running:
+                break
+            time.sleep(0.5)
+    state.choose_stream(runner.stream)
+    st.switch_page(nav.page("overview"), query_params={"stream": runner.stream})
+for r in running:
+    if l2.button(md(f"Stop {r.stream}"), key=f"live_stop_{r.stream}"):
+        r.stop()
+        st.rerun()
+for r in runners.values():
+    st.text(r.status())
 
 st.subheader("Cached streams")
 if st.session_state.get("cache_error"):
-    st.error(st.session_state["cache_error"])
+    st.error(md(st.session_state["cache_error"]))
     st.stop()
 cached = resources.cached_streams(c.path, c.version)
 if cached.empty:
@@ -129,21 +158,26 @@ else:
 
     st.subheader("Refresh a live stream")
     r1, r2, r3 = st.columns([2, 1, 1])
-    live = r1.selectbox("Stream", list(cached["stream"]), key="live_stream")
+    live_name = r1.selectbox("Stream", list(cached["stream"]), key="live_stream")
     every = r2.number_input("Every (seconds)", 10, 3600, 60, key="live_every")
     on = r3.toggle("Refresh on a timer", key="live_on")
-    st.caption("Each refresh pulls from the cached end to now: only the new span is read.")
+    info = cached[cached["stream"] == live_name].iloc[0].to_dict()
+    refused = live.refusal(info)
+    if refused:
+        st.info(md(refused))
+    else:
+        st.caption("Each refresh pulls from the cached end to now from the same database: only "
+                   "the new span is read.")
 
-    @st.fragment(run_every=timedelta(seconds=int(every)) if on else None)
+    @st.fragment(run_every=timedelta(seconds=int(every)) if on and not refused else None)
     def refresher() -> None:
-        if not st.session_state.get("live_on"):
+        if not st.session_state.get("live_on") or refused:
             return
-        info = cached[cached["stream"] == live].iloc[0].to_dict()
         refresh = pulling.refresh_form(info)
         with resources.pull_lock(c.path):
             outcome = pulling.pull(resources.open_cache(c.path), refresh, lambda p: None,
                                    prepare=resources.prepare_pull)
         (st.success if outcome.ok else st.error)(
-            f"{pulling.now_text()[:19]}Z · {outcome.message}")
+            md(f"{pulling.now_text()[:19]}Z · {outcome.message}"))
 
     refresher()

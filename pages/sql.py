@@ -3,6 +3,7 @@
 import streamlit as st
 
 from app import resources, sql_console, widgets
+from app.safe import md
 
 c = widgets.need_stream()
 st.title("SQL")
@@ -10,8 +11,11 @@ main, side = st.columns([3, 2])
 with side:
     st.subheader("Schema")
     schema = resources.schema(c.path, c.version)
+    accepted = getattr(sql_console, "ALLOWED_TABLES", None)
+    if accepted is not None:  # only what the console accepts (no stray tables of the file)
+        schema = schema[schema["table"].isin(accepted)]
     for table, cols in schema.groupby("table", sort=True):
-        with st.expander(f"{table}"):
+        with st.expander(md(table)):
             st.caption(cols["about"].iloc[0])
             st.dataframe(cols[["column", "type"]], hide_index=True, width="stretch")
 with main:
@@ -25,7 +29,7 @@ with main:
             try:
                 result = sql_console.run(con, sql)
             except sql_console.Refused as e:
-                st.error(str(e))
+                st.error(md(str(e)))
             else:
                 st.dataframe(result.frame, hide_index=True, width="stretch")
                 st.caption(f"{len(result.frame):,} rows"

@@ -1,21 +1,25 @@
 """Transactions: a timeline across partitions, completeness, one transaction opened, a key's
 history."""
 
+import dataclasses
+
 import streamlit as st
 
 from app import dag_layout, figures, queries, resources, state, widgets
-from app.formatting import count, ns_column, timestamp
+from app.formatting import clock, count, ns_column, timestamp
+from app.safe import md
+
+MAX_DRAWN = 3000  # transactions drawn one by one; more are shown as a density and a window
 
 c = widgets.need_stream()
 widgets.walkthrough_banner("transactions")
 st.title("Transactions")
 opts = resources.choices(c.path, c.version, c.stream)
 
-cols = st.columns(4)
+cols = st.columns(3)
 table = cols[0].selectbox("Table", ["(all)", *opts["tables"]], key="tx_table")
 tag = cols[1].selectbox("Transaction tag", ["(all)", *opts["tags"]], key="tx_tag")
 mod = cols[2].selectbox("Mod type", ["(all)", *opts["mod_types"]], key="tx_mod")
-limit = cols[3].number_input("Show at most", 100, 20_000, 3_000, step=500, key="tx_limit")
 f = queries.TxnFilter(table=None if table == "(all)" else table,
                       tag=None if tag == "(all)" else tag,
                       mod_type=None if mod == "(all)" else mod,
@@ -33,16 +37,58 @@ m[3].metric("Partitions seen / expected",
             f"{count(done['partitions_seen'])} / {count(done['partitions_expected'])}")
 
 opened = state.opened_transaction()
-points = resources.txn_points(c.path, c.version, c.stream, f, int(limit))
+opened_recs = (resources.transaction_records(c.path, c.version, c.stream, opened)
+               if opened else None)
 nodes = dag_layout.layout(resources.partitions(c.path, c.version, c.stream, c.stall_s))
 lanes = dict(zip(nodes["token"], nodes["lane"], strict=True))
-event = st.plotly_chart(figures.txn_figure(points, lanes, opened), key="txn_chart",
-                        on_select="rerun", selection_mode="points")
-picked = next((p["customdata"][0] for p in (event or {}).get("selection", {}).get("points", [])
-               if p.get("customdata")), None) if event else None
-if picked and picked != opened:
-    state.open_transaction(picked)
-    opened = picked
+total = done["transactions"]
+window_f = f
+if total > MAX_DRAWN:
+    # Too many to draw one by one: the density over the whole range, then a window to drill in.
+    buckets = resources.txn_buckets(c.path, c.version, c.stream, f, 120)
+    starts = [int(b) for b in buckets["bucket_ns"]]
+    counts = [int(n) for n in buckets["transactions"]]
+    width = starts[1] - starts[0] if len(starts) > 1 else 1
+    focus = (int(opened_recs["commit_ns"].min()) if opened_recs is not None
+             and not opened_recs.empty else None)
+    default = 0 if focus is None else max([0, *(i for i, b in enumerate(starts) if b <= focus)])
+    if st.session_state.get("tx_focus") != focus:  # a newly opened transaction moves the window
+        st.session_state["tx_focus"] = focus
+        st.session_state["tx_window"] = starts[default]
+    if st.session_state.get("tx_window") not in starts:
+        st.session_state["tx_window"] = starts[default]
+    first = st.select_slider("Window start (drag, or arrow keys)", options=starts,
+                             format_func=clock, key="tx_window")
+    k = starts.index(first)
+    last, drawn = k, counts[k]
+    while last + 1 < len(starts) and drawn + counts[last + 1] <= MAX_DRAWN:
+        last += 1
+        drawn += counts[last]
+    lo, hi = starts[k], starts[last] + width - 1
+    window_f = dataclasses.replace(f, start_ns=max(lo, f.start_ns or lo),
+                                   end_ns=min(hi, f.end_ns or hi))
+    density = resources.txn_density(c.path, c.version, c.stream, f, 120)
+    st.plotly_chart(figures.txn_density_figure(density, lanes, (lo, hi)), key="txn_density")
+    st.caption(f"{count(total)} transactions in the range, more than the {count(MAX_DRAWN)} "
+               "drawn one by one: above, how many began per partition lane and time bucket "
+               "over the whole range. Below: "
+               + (f"the {count(drawn)}" if drawn <= MAX_DRAWN else
+                  f"the first {count(MAX_DRAWN)} of the {count(drawn)}")
+               + f" that began from {clock(lo)} to {clock(hi)} (outlined above), one dot per "
+               "partition each touched; move the window to see others.")
+else:
+    st.caption(f"All {count(total)} transactions of the range, one dot per partition each "
+               "touched; lines join a transaction's partitions. Click a dot to open it.")
+points = resources.txn_points(c.path, c.version, c.stream, window_f, MAX_DRAWN)
+n = st.session_state.setdefault("txn_chart_n", 0)
+picked = widgets.clicked_point(f"txn_chart_{n}")
+if picked is not None:
+    st.session_state["txn_chart_n"] = n = n + 1
+    if picked != opened:
+        state.open_transaction(picked)
+        st.rerun()
+st.plotly_chart(figures.txn_figure(points, lanes, opened), key=f"txn_chart_{n}",
+                on_select="rerun", selection_mode="points")
 
 txid = st.text_input("Open a transaction (server_transaction_id)", value=opened or "",
                      key=f"tx_open_{opened}").strip()
@@ -53,10 +99,10 @@ if txid != (opened or ""):
 if opened:
     recs = resources.transaction_records(c.path, c.version, c.stream, opened)
     if recs.empty:
-        st.error(f"No transaction {opened!r} in {c.stream}; click one in the chart or paste an "
-                 "id from the Records page.")
+        st.error(md(f"No transaction {opened!r} in {c.stream}; click one in the chart or paste "
+                    "an id from the Records page."))
     else:
-        st.subheader(f"Transaction {opened}")
+        st.subheader(f"Transaction {md(opened)}")
         st.caption(f"{recs['record_sequence'].nunique()} records in "
                    f"{recs['partition'].nunique()} partitions, committed "
                    f"{timestamp(recs['commit_ns'].min())}; in order of "
@@ -72,18 +118,18 @@ h_table = h1.selectbox("Table", opts["tables"] or ["(none)"], key="hist_table")
 samples = resources.sample_keys(c.path, c.version, c.stream, h_table) if opts["tables"] else []
 key_text = h2.text_input("Key (JSON object of the key columns)",
                          value=st.session_state.get("hist_key", samples[0] if samples else ""),
-                         key="hist_key_input", help="e.g. " + (samples[0] if samples else "{}"))
+                         key="hist_key_input", help="e.g. " + md(samples[0] if samples else "{}"))
 st.session_state["hist_key"] = key_text
 try:
     key = queries.parse_key(key_text)
 except ValueError as e:
-    h2.error(str(e))
+    h2.error(md(str(e)))
     key = None
 if key and opts["tables"]:
     hist = resources.history(c.path, c.version, c.stream, h_table, key, 5000)
     if hist.empty:
-        st.warning(f"No change of {key} in {h_table}.")
+        st.warning(md(f"No change of {key} in {h_table}."))
     else:
-        st.caption(f"{len(hist)} changes of {key} in {h_table}, oldest first.")
+        st.caption(md(f"{len(hist)} changes of {key} in {h_table}, oldest first."))
         st.dataframe(hist.assign(commit_timestamp=ns_column(hist["commit_ns"]))
                      .drop(columns=["commit_ns"]), hide_index=True, width="stretch")

@@ -1,56 +1,104 @@
-"""Watermarks: every partition's watermark over time, the low watermark and who holds it."""
+"""Watermarks: the worst stall of the range first, then the state now; each partition's lag
+behind the frontier over time; a replay of any moment (in the URL: ``at``)."""
 
 import streamlit as st
 
 from app import figures, queries, resources, state, widgets
-from app.formatting import clock, held_back_at_sentence, held_back_sentence, ns_column
+from app.formatting import (
+    clock,
+    current_sentence,
+    held_back_at_sentence,
+    ns_column,
+    range_clip_note,
+    stall_sentence,
+)
+from app.safe import md
 
 c = widgets.need_stream()
 widgets.walkthrough_banner("watermarks")
 st.title("Watermarks")
-
-holder = resources.holding_back(c.path, c.version, c.stream)
-sentence = held_back_sentence(holder)
-st.markdown(f"#### {sentence[0].upper()}{sentence[1:]}")
+head = st.container()  # the worst stall and the state now lead; the threshold comes after
 
 threshold = st.number_input(
-    "Stall threshold (seconds behind)", min_value=1.0, max_value=86_400.0, step=5.0,
-    value=float(st.session_state.get("stall_s", state.DEFAULT_STALL_S)), key="stall_input",
-    help="A partition that is not finished and lags by more than this is stalled.")
-st.session_state["stall_s"] = threshold
+    "Stall threshold (seconds behind)", min_value=state.MIN_STALL_S,
+    max_value=state.MAX_STALL_S, step=5.0, value=float(c.stall_s), key=f"stall_{c.stall_s:g}",
+    help="A partition that is not finished and lags by more than this is stalled; a stall is "
+         "a stretch where one partition held the low watermark more than this behind.")
+if threshold != c.stall_s:
+    state.set_stall_threshold(threshold)
+    st.rerun()
 
-replay = resources.watermark_replay(c.path, c.version, c.stream, 240)
+found = resources.stalls(c.path, c.version, c.stream, threshold, c.start_ns, c.end_ns)
+worst = found[0] if found else None
+now = resources.current_state(c.path, c.version, c.stream, c.start_ns, c.end_ns)
+head.markdown("#### " + stall_sentence(worst, threshold))
+head.markdown(current_sentence(now, threshold))
+if len(found) > 1:
+    head.caption(f"{len(found)} stalls in this range; the table below lists them, costliest "
+               "first." + range_clip_note(c.start_ns, c.end_ns))
+
+replay = resources.watermark_replay(c.path, c.version, c.stream, 240, c.start_ns, c.end_ns)
 low = queries.low_watermark_over_time(replay)
 if low.empty:
-    st.info("No progress marks cached yet for this stream.")
+    st.info("No progress marks cached yet for this stream (or in the sidebar's range).")
     st.stop()
-moments = list(low["t_ns"])
-wanted = st.session_state.get("replay_at") or moments[-1]
-index = min(range(len(moments)), key=lambda i: abs(moments[i] - wanted))
+moments = [int(t) for t in low["t_ns"]]
+
+
+def snap(ns: int) -> int:
+    return min(moments, key=lambda m: abs(m - ns))
+
+
+url_at, at_error = state.replay_moment()
+if at_error:
+    st.error(md(at_error))
+default = worst["last_ns"] if worst else moments[-1]
+desired = snap(url_at if url_at is not None else default)
+if st.session_state.get("wm_at") not in moments or (
+        url_at is not None and st.session_state.get("wm_at") != desired):
+    st.session_state["wm_at"] = desired
+
+
+def _moved() -> None:
+    state.set_replay_moment(st.session_state["wm_at"])
+
+
 at = st.select_slider("Replay: the watermarks as they stood at", options=moments,
-                      value=moments[index], format_func=clock, key=f"replay_{wanted}")
-st.session_state["replay_at"] = at
-now = low[low["t_ns"] == at].iloc[0]
-st.markdown(held_back_at_sentence(at, now["holder"], now["low_ns"]))
+                      format_func=clock, key="wm_at", on_change=_moved,
+                      help="Arrow keys step through the moments; the moment is in the URL "
+                           "(at=...), so a shared link opens here.")
+row = low[low["t_ns"] == at].iloc[0]
+st.markdown(held_back_at_sentence(at, row["holder"], row["low_ns"]))
 
-gaps = resources.heartbeat_gaps(c.path, c.version, c.stream, 3.0)
-fig = figures.watermark_figure(replay, low, at_ns=at, highlight=now["holder"], gaps=gaps)
-st.plotly_chart(fig, key="wm_chart")
+chosen = state.selected_partition()
+lag, total = queries.lag_over_time(replay, top=12, always=(chosen,) if chosen else ())
+st.plotly_chart(figures.lag_over_time_figure(lag, low, threshold, total, stall=worst, at_ns=at,
+                                             highlight=chosen or None),
+                key="wm_lag_over_time")
+st.caption("Each partition's lag behind the frontier (the moment on the x axis) over time: a "
+           "partition that goes quiet climbs in a straight line until it speaks again. The "
+           "dashed line is the low watermark's lag; shaded: the worst stall; the blue line: the "
+           "replay moment.")
 
-lag = queries.lag_at(replay, at)
-stalled = lag[lag["lag_s"] > threshold]
+lag_now = queries.lag_at(replay, at)
+stalled = lag_now[lag_now["lag_s"] > threshold]
 left, right = st.columns([3, 2])
 with left:
+    st.subheader(f"Stalls in the range ({len(found)})")
+    if found:
+        table = queries.stalls_table(found)
+        st.dataframe(table, hide_index=True, width="stretch")
     st.subheader(f"Stalled at {clock(at)} ({len(stalled)})")
     if stalled.empty:
         st.success(f"No open partition lagged more than {threshold:g}s at {clock(at)}.")
     else:
         st.dataframe(stalled.assign(watermark=ns_column(stalled["watermark_ns"]))
                      [["partition", "lag_s", "watermark"]], hide_index=True, width="stretch")
+    gaps = resources.heartbeat_gaps(c.path, c.version, c.stream, 3.0)
     st.subheader(f"Heartbeat gaps ({len(gaps)})")
     st.caption("Two consecutive progress marks of a partition more than 3 × the heartbeat "
-               "interval apart (shaded on the chart).")
+               "interval apart.")
     st.dataframe(widgets.with_datetimes(gaps), hide_index=True, width="stretch")
 with right:
-    st.subheader("Lag behind the moment shown")
-    st.plotly_chart(figures.lag_figure(lag, threshold), key="lag_chart")
+    st.subheader(f"Lag behind {clock(at)}")
+    st.plotly_chart(figures.lag_figure(lag_now, threshold), key="wm_lag_at")

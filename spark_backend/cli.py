@@ -13,6 +13,7 @@ import argparse
 import json
 import os
 import sys
+from pathlib import Path
 from typing import Any
 
 from spark_backend.model import checks, config
@@ -87,6 +88,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.add_argument("--fail-on-stall", action="store_true",
                    help="exit 3 when a partition is stalled (for scripts and monitoring)")
+    p.add_argument("--html", metavar="FILE",
+                   help="also write a self-contained HTML report (opens offline)")
 
     p = sub.add_parser("history", help="every change of a table or key in commit order")
     cache_arg(p)
@@ -323,12 +326,26 @@ def cmd_export(args) -> int:
     return 0
 
 
+def _write_html(cache, stream: str, args) -> None:
+    from spark_backend.analysis.html_report import build_html
+
+    try:
+        Path(args.html).write_text(build_html(cache.con, stream, args.stall_after),
+                                   encoding="utf-8")
+    except OSError as e:
+        raise BadInput(f"--html: cannot write {args.html} ({e.strerror}); give a writable "
+                       "file path.") from e
+    print(f"wrote {args.html}", file=sys.stderr)
+
+
 def cmd_report(args) -> int:
     from spark_backend.analysis.report import build_report, to_json
 
     with _open_cache(args.cache, must_exist=True) as cache:
         stream = cache.resolve_stream(args.stream)
         report = build_report(cache.con, stream, args.stall_after)
+        if args.html:
+            _write_html(cache, stream, args)
     if args.json:
         print(to_json(report))
     else:

@@ -3,6 +3,7 @@ world's ground truth; bad input shows a message in place and the app keeps worki
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -53,9 +54,17 @@ def app(cache: str, page: str | None = None, **params: str) -> AppTest:
     return at
 
 
+def plain(text: str) -> str:
+    """Markdown as the reader sees it: the pages backslash-escape every value they show."""
+    return re.sub(r"\\(.)", r"\1", text).replace("\u200b", "")
+
+
+def vals(elements) -> list[str]:
+    return [plain(e.value) for e in elements]
+
+
 def texts(at: AppTest) -> str:
-    return "\n".join([m.value for m in at.markdown] + [c.value for c in at.caption]
-                     + [i.value for i in at.info] + [e.value for e in at.error])
+    return "\n".join(vals(at.markdown) + vals(at.caption) + vals(at.info) + vals(at.error))
 
 
 def frames(at: AppTest):
@@ -68,54 +77,71 @@ def test_overview_shows_the_stream_at_a_glance(demo_cache, world, truth):
     assert metrics["Partitions"] == str(len(world.partitions))
     assert metrics["Data change records"] == f"{world.num_data_change_records:,}"
     assert metrics["Transactions"] == f"{len(world.transactions):,}"
-    assert f"partition `{truth['holder']['partition']}` has held the stream back" in texts(at)
+    shown = texts(at)
+    token, stall_from, stall_to = world.stall
+    # The worst stall leads (not the normal lag at the range end), then the state now.
+    lead = [m for m in vals(at.markdown) if "Worst stall" in m][0]
+    assert short(token, 20) in lead and "recovered" in lead
+    assert f"held by partition {short(truth['holder']['partition'], 20)}" in shown
     assert at.title[0].value == "DemoStream"
+    assert len(at.get("plotly_chart")) >= 1, "the landing page has a chart"
 
 
 def test_dag_lists_the_merge_and_drills_into_a_partition(demo_cache, world):
     merge = next(p for p in world.partitions if len(p.parents) >= 2)
     at = app(demo_cache, "dag", partition=merge.token)
     shown = texts(at)
-    assert f"Partition `{merge.token}`" in shown
+    assert f"Partition {merge.token}" in shown
     edges = frames(at)[0]
     merged = edges[(edges["child"] == merge.token) & (edges["kind"] == "merge")]
     assert sorted(merged["parent"]) == sorted(merge.parents)
-    labels = [b.label for b in at.button]
+    labels = [plain(b.label) for b in at.button]
     for parent in merge.parents:
         assert f"↑ {short(parent, 24)}" in labels
     assert len(at.get("plotly_chart")) == 1
     # A parent button drills into that parent.
     at.button(key=f"parent-{merge.parents[0]}").click().run()
     assert at.query_params["partition"] == merge.parents[0]
-    assert f"Partition `{merge.parents[0]}`" in texts(at)
+    assert f"Partition {merge.parents[0]}" in texts(at)
 
 
 def test_dag_unknown_partition_is_a_message(demo_cache):
     at = app(demo_cache, "dag", partition="no-such-token")
-    assert any("No partition 'no-such-token'" in e.value for e in at.error)
+    assert any("No partition 'no-such-token'" in e for e in vals(at.error))
 
 
-def test_watermarks_name_the_partition_holding_back(demo_cache, world, truth):
-    at = app(demo_cache, "watermarks")
-    holder = truth["holder"]["partition"]
-    assert f"Partition `{holder}` has held the stream back for" in texts(at)
-    # Replay to the middle of the demo's stall: the stalled partition holds the watermark.
+def test_watermarks_lead_with_the_worst_stall_and_restore_the_moment(demo_cache, world):
+    from spark_backend.model.timestamps import format_ns
+
     token, stall_from, stall_to = world.stall
-    at.session_state["replay_at"] = (stall_from + stall_to) // 2
-    at.run()
-    assert not at.exception
-    assert f"partition `{token}` held the stream back" in texts(at)
-    at.number_input(key="stall_input").set_value(30.0).run()
-    stalled = frames(at)[0]
+    at = app(demo_cache, "watermarks")
+    lead = [m for m in vals(at.markdown) if "Worst stall" in m][0]
+    assert short(token, 20) in lead and "recovered" in lead
+    # A shared URL with the moment (mid-stall) opens on it: the stalled partition holds it.
+    middle = format_ns((stall_from + stall_to) // 2)
+    at = app(demo_cache, "watermarks", at=middle, partition=token)
+    assert f"partition {token} held the low watermark" in texts(at)
+    assert at.select_slider(key="wm_at").value <= (stall_from + stall_to) // 2 + 20 * 10**9
+    # The threshold goes to the URL; the stalled-at-the-moment table lists the stalled one.
+    at.number_input(key="stall_60").set_value(30.0).run()
+    assert at.query_params["stall"] in ("30", ["30"])
+    stalled = [f for f in frames(at) if "lag_s" in f.columns][0]
     assert token in set(stalled["partition"])
     assert list(stalled["lag_s"]) == sorted(stalled["lag_s"], reverse=True)
+
+
+def test_bad_url_values_are_messages(demo_cache):
+    at = app(demo_cache, "watermarks", at="yesterday", stall="-3")
+    shown = vals(at.error) + vals(at.sidebar.error)
+    assert any("replay moment in the URL" in e for e in shown)
+    assert any("stall threshold in the URL" in e for e in shown)
 
 
 def test_transaction_records_in_order(demo_cache, world):
     txid, info = next((t, i) for t, i in sorted(world.transactions.items())
                       if len(i.partitions) >= 3)
     at = app(demo_cache, "transactions", txn=txid)
-    assert f"Transaction {txid}" in [s.value for s in at.subheader]
+    assert f"Transaction {txid}" in vals(at.subheader)
     records = frames(at)[0]
     assert records["record_sequence"].nunique() == info.num_records
     assert set(records["partition"]) == set(info.partitions)
@@ -130,7 +156,7 @@ def test_transaction_filters_and_key_history(demo_cache):
     at.selectbox(key="tx_table").set_value("Accounts").run()
     assert not at.exception
     at.text_input(key="hist_key_input").set_value("{not json").run()
-    assert any("The key is not JSON" in e.value for e in at.error)
+    assert any("The key is not JSON" in e for e in vals(at.error))
     at.text_input(key="hist_key_input").set_value('{"AccountId": "acc-0000001"}').run()
     hist = frames(at)[-1]
     assert len(hist) > 0 and (hist["keys"] == '{"AccountId":"acc-0000001"}').all()
@@ -146,7 +172,7 @@ def test_records_filters_paging_and_bad_key(demo_cache, world):
     page = frames(at)[0]
     assert "heartbeat" in set(page["kind"]) or "rows 1–100" in texts(at)
     at.text_input(key="rec_key").set_value("[1, 2]").run()
-    assert any("A key is a JSON object" in e.value for e in at.error)
+    assert any("A key is a JSON object" in e for e in vals(at.error))
 
 
 def test_sql_console_runs_and_refuses(demo_cache):
@@ -159,7 +185,7 @@ def test_sql_console_runs_and_refuses(demo_cache):
     text = [t for t in at.text_area if t.key.startswith("sql_text")][0]
     text.set_value("DROP TABLE partitions").run()
     at.button(key="sql_run").click().run()
-    assert any("read-only" in e.value for e in at.error)
+    assert any("read-only" in e for e in vals(at.error))
 
 
 # The console's refusals and escapes: tests/test_console.py.
@@ -180,17 +206,17 @@ def test_sources_errors_next_to_their_field(demo_cache):
     at.number_input(key="src_heartbeat").set_value(0)
     at.button(key="src_go").click().run()
     assert not at.exception
-    errors = [e.value for e in at.error]
+    errors = vals(at.error)
     assert any("'yesterday' is not a timestamp" in e for e in errors)
     assert any("The heartbeat must be between 1000 and 300000 ms." in e for e in errors)
     at.radio(key="src_source").set_value("spanner").run()
     at.button(key="src_go").click().run()
-    assert any("Cloud Spanner needs the project." in e.value for e in at.error)
+    assert any("Cloud Spanner needs the project." in e for e in vals(at.error))
 
 
 def test_unknown_stream_and_bad_range_keep_working(demo_cache):
     at = app(demo_cache, stream="Nope", start="not-a-time")
-    errors = [e.value for e in at.sidebar.error]
+    errors = vals(at.sidebar.error)
     assert any("No stream 'Nope'" in e for e in errors)
     assert any("Range start" in e for e in errors)
     assert at.title[0].value == "DemoStream"
@@ -203,7 +229,7 @@ def test_unusable_cache_is_a_message(tmp_path):
     at.session_state["cache_path"] = str(bad)
     at.run()
     assert not at.exception
-    assert at.sidebar.error and "not-a-cache.duckdb" in at.sidebar.error[0].value
+    assert at.sidebar.error and "not-a-cache.duckdb" in vals(at.sidebar.error)[0]
 
 
 def test_walkthrough_steps_highlight_what_they_talk_about(demo_cache, world):
@@ -212,7 +238,7 @@ def test_walkthrough_steps_highlight_what_they_talk_about(demo_cache, world):
     titles = []
     for _ in range(5):
         assert not at.exception
-        info = [i.value for i in at.info if "Walkthrough" in i.value]
+        info = [i for i in vals(at.info) if "Walkthrough" in i]
         assert info, "each step explains itself on its page"
         titles.append(info[0])
         nxt = at.button(key="wt_next")
@@ -223,7 +249,7 @@ def test_walkthrough_steps_highlight_what_they_talk_about(demo_cache, world):
     for title in ("A split", "A merge", "A transaction across partitions",
                   "The stall holding the watermark back"):
         assert title in joined
-    assert world.stall[0] in titles[-1]
+    assert short(world.stall[0], 20) in titles[-1]
 
 
 # --- Sources: one-click samples, errors placed by their field, the shared demo server ---------
@@ -250,7 +276,7 @@ def next_to(at: AppTest, key: str) -> list[str]:
                 for after in kids[i + 1:]:
                     if type(after).__name__ != "Error":
                         break
-                    out.append(after.value)
+                    out.append(plain(after.value))
                 return out
     raise AssertionError(f"no widget {key!r} in a column")
 
@@ -273,18 +299,18 @@ def test_sample_button_imports_and_selects_the_stream(tmp_path, sample):
     assert system == (sample.fmt,)
     records, bad = landed
     assert records > 0
-    said = [m.value for m in at.success]
+    said = vals(at.success)
     counted = f"{records:,} record{'' if records == 1 else 's'}"
     assert any(f"Imported {counted} into {sample.stream}" in m
                and f"{bad} bad line" in m for m in said), said
     # ... and the stream is the one shown.
-    assert at.sidebar.selectbox(key="stream_select").value == sample.stream
+    assert at.sidebar.selectbox[0].value == sample.stream
     assert not at.warning, [w.value for w in at.warning]
     assert at.query_params["stream"] == [sample.stream] or \
         at.query_params["stream"] == sample.stream
     # Again: the same file adds nothing, and says so.
     at.button(key=sample.key).click().run()
-    assert any("Nothing new" in m.value for m in at.success)
+    assert any("Nothing new" in m for m in vals(at.success))
 
 
 def test_sample_with_a_missing_file_is_a_message(tmp_path, monkeypatch):
@@ -292,7 +318,7 @@ def test_sample_with_a_missing_file_is_a_message(tmp_path, monkeypatch):
     at = fresh_app(tmp_path)
     at.button(key=samples.SAMPLES[0].key).click().run()
     assert not at.exception
-    assert any("does not exist" in e.value for e in at.error)
+    assert any("does not exist" in e for e in vals(at.error))
 
 
 def test_cockroachdb_sample_names_its_table(tmp_path):
@@ -356,11 +382,63 @@ def test_demo_pull_uses_the_shared_demo_server(tmp_path, world):
     at.text_input(key="src_stream").set_value("DemoAgain")
     at.button(key="src_go").click().run()
     assert not at.exception, [e.value for e in at.exception]
-    said = [m.value for m in at.success]
-    assert any("Pulled" in m and "DemoAgain" in m for m in said), said + [e.value for e in at.error]
+    said = vals(at.success)
+    assert any("Pulled" in m and "DemoAgain" in m for m in said), said + vals(at.error)
     server = resources.demo_server(DEMO_SEED, DEMO_SCALE, "googlesql")
     assert server.address and server.queries_served > 0
     with Cache(str(tmp_path / "fresh.duckdb")) as cache:
         n = cache.con.execute("SELECT count(*) FROM data_change_records WHERE stream = ?",
                               ["DemoAgain"]).fetchone()[0]
     assert n == world.num_data_change_records
+
+
+# --- the issue's fixes under AppTest ------------------------------------------------------------
+
+
+def test_transactions_draw_the_window_of_the_opened_one(demo_cache, world):
+    """More transactions than can be drawn: the density over the whole range, and the window
+    drawn is the one holding the opened transaction (never a silent cut at the first 3,000)."""
+    with Cache(demo_cache) as cache:
+        (txid,) = cache.con.execute(
+            "SELECT server_transaction_id FROM transactions "
+            "WHERE stream = 'DemoStream' AND len(partitions) > 1 "
+            "ORDER BY commit_timestamp DESC LIMIT 1 OFFSET 100").fetchone()
+    at = app(demo_cache, "transactions", txn=txid)
+    said = texts(at)
+    assert f"{len(world.transactions):,} transactions in the range" in said
+    assert "drawn one by one" in said
+    specs = [c.proto.spec for c in at.get("plotly_chart")]
+    assert any(txid in spec for spec in specs), "the opened transaction is on the chart"
+
+
+def test_records_search_in_values_and_the_stream_s_own_placeholder(demo_cache):
+    at = app(demo_cache, "records")
+    assert "AccountId" in at.text_input(key="rec_key").placeholder
+    at.text_input(key="rec_search").set_value("acc-0000001").run()
+    assert not at.exception
+    page = frames(at)[0]
+    assert len(page) > 0 and list(page.columns[:4]) == ["time", "table_name", "keys", "mod_type"]
+    shown = texts(at)
+    assert "rows match" in shown
+
+
+@pytest.mark.parametrize("payload", ["[Your session expired](http://evil.example/)",
+                                     "![x](http://evil.example/x.png)", "<b>bold</b>"])
+def test_url_values_are_escaped_markdown(demo_cache, payload):
+    at = app(demo_cache, "dag", stream=payload, partition=payload)
+    raw = [e.value for e in at.sidebar.error] + [e.value for e in at.error]
+    assert raw, "a message for each bad value"
+    for value in raw:
+        assert "](" not in value and "![" not in value, value  # no link or image can form
+    assert any(payload in plain(v) for v in raw)
+
+
+def test_stalls_find_the_demo_s_stall(demo_cache, world):
+    from spark_backend.analysis import stalls
+
+    token, silent_from, silent_to = world.stall
+    with Cache(demo_cache) as cache:
+        worst = stalls.worst_stall(cache.con, "DemoStream", 60.0)
+    assert worst["partition"] == token and not worst["ongoing"]
+    assert worst["since_ns"] <= silent_from and worst["until_ns"] >= silent_to
+    assert worst["max_lag_s"] > (silent_to - silent_from) / 1e9

@@ -1,36 +1,138 @@
 """End to end in a real browser: `streamlit run app/main.py` on localhost, Debian's chromium
-driven by playwright. Opens every page, waits for its chart, clicks a partition in the DAG and
-sees its details; one screenshot per page in screenshots/ (ignored by git). Installs nothing."""
+driven by playwright (never a downloaded browser).
+
+What a person sees, checked in the rendered page: the DAG's plot area carries its bars and edges
+(rendered SVG paths and pixel ink) for the demo and for a 2,000-partition world; five clicks on
+five bars select five partitions; a shared Watermarks URL restores its moment; link, image and
+HTML payloads in URL parameters, partition tokens and transaction ids render as text; the HTML
+report draws offline; the live demo advances. Screenshots go to screenshots/ (ignored by git).
+"""
 
 from __future__ import annotations
 
+import io
 import os
+import random
 import socket
 import subprocess
 import sys
 import time
+import urllib.parse
 import urllib.request
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
-from tests.support.demo_cache import pull_demo
+from spark_backend.model.timestamps import format_ns
+from tests.support.demo_cache import land_world, pull_demo
 
 pytestmark = pytest.mark.browser
 
 ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
-                 "--no-first-run", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync"]
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync"]
 SHOTS = ROOT / "screenshots"
 PAGES = {"overview": "", "sources": "sources", "dag": "dag", "watermarks": "watermarks",
          "transactions": "transactions", "records": "records", "sql": "sql"}
-CHARTED = {"dag", "watermarks", "transactions"}
+CHARTED = {"overview", "dag", "watermarks", "transactions"}
+T0 = 1_767_603_600 * 10**9  # 2026-01-05T09:00:00Z
+HOUR = 3600 * 10**9
 
 if not Path(CHROMIUM).exists():
     pytest.skip("needs Debian's chromium at /usr/bin/chromium", allow_module_level=True)
+
+
+# --- worlds -------------------------------------------------------------------------------------
+
+
+def _world(stream: str, lines: list[dict], partitions: list[SimpleNamespace]) -> SimpleNamespace:
+    """What ``land_world`` reads of a world, for a recording made here."""
+    return SimpleNamespace(stream=stream, start=T0, end=T0 + HOUR, partitions=partitions,
+                           iter_recording=lambda heartbeat_ms: (dict(x) for x in lines))
+
+
+def _root(token: str, i: int) -> dict:
+    return {"partition_token": None, "child_partitions_record": {
+        "start_timestamp": format_ns(T0), "record_sequence": f"{i:08d}",
+        "child_partitions": [{"token": token, "parent_partition_tokens": []}]}}
+
+
+def _children(parent: str, at: int, kids: list[str], parents: list[str]) -> dict:
+    return {"partition_token": parent, "child_partitions_record": {
+        "start_timestamp": format_ns(at), "record_sequence": "00000001",
+        "child_partitions": [{"token": k, "parent_partition_tokens": parents} for k in kids]}}
+
+
+def _beat(token: str, at: int) -> dict:
+    return {"partition_token": token, "heartbeat_record": {"timestamp": format_ns(at)}}
+
+
+def big_world(n: int = 2000, seed: int = 7) -> SimpleNamespace:
+    """``n`` partitions splitting (mostly), merging and moving over one hour."""
+    rng = random.Random(seed)
+    lines: list[dict] = []
+    parts: dict[str, SimpleNamespace] = {}
+    alive: list[str] = []
+
+    def new(start: int) -> str:
+        token = f"part-{len(parts):05d}"
+        parts[token] = SimpleNamespace(token=token, start=start, end=None)
+        alive.append(token)
+        return token
+
+    for i in range(8):
+        lines.append(_root(new(T0), i))
+    step = int(HOUR * 0.95) // n
+    at = T0
+    while len(parts) < n:
+        at += step
+        r = rng.random()
+        ends = [alive.pop(rng.randrange(len(alive)))
+                for _ in range(2 if r < 0.15 and len(alive) > 2 else 1)]
+        kids = [new(at) for _ in range(1 if r < 0.25 else 2)] if len(ends) == 1 else [new(at)]
+        for token in ends:
+            parts[token].end = at
+            lines.append(_beat(token, (parts[token].start + at) // 2))
+            lines.append(_children(token, at, kids, ends if len(ends) > 1 else [token]))
+    for token in alive:
+        lines.append(_beat(token, T0 + HOUR - rng.randrange(1, 9) * 10**9))
+    return _world("Big2000", lines, list(parts.values()))
+
+
+PAYLOADS = {
+    "link": "[Your session expired](http://evil.example/login)",
+    "image": "![pixel](http://evil.example/pixel.png)",
+    "html": "<b>bold</b><img src=http://evil.example/x.png>",
+}
+
+
+def payload_world() -> SimpleNamespace:
+    """Partition tokens and transaction ids carrying link, image and HTML payloads."""
+    lines, parts = [], []
+    for i, (name, text) in enumerate(PAYLOADS.items()):
+        token = f"{text}-{name}"
+        parts.append(SimpleNamespace(token=token, start=T0, end=None))
+        lines.append(_root(token, i))
+        for k in range(3):
+            at = T0 + (k + 1) * 60 * 10**9 + i * 10**6
+            lines.append({"partition_token": token, "data_change_record": {
+                "commit_timestamp": format_ns(at), "record_sequence": f"{k:08d}",
+                "server_transaction_id": f"{text}-txn{k}",
+                "is_last_record_in_transaction_in_partition": True, "table_name": "Accounts",
+                "column_types": [{"name": "AccountId", "type": {"code": "STRING"},
+                                  "is_primary_key": True, "ordinal_position": 1}],
+                "mods": [{"keys": {"AccountId": text}, "new_values": {}, "old_values": {}}],
+                "mod_type": "INSERT", "value_capture_type": "NEW_VALUES",
+                "number_of_records_in_transaction": 1, "number_of_partitions_in_transaction": 1,
+                "transaction_tag": text, "is_system_transaction": False}})
+            lines.append(_beat(token, at + 5 * 10**9))
+    return _world("Payloads", lines, parts)
+
+
+# --- the server and the browser ------------------------------------------------------------------
 
 
 def _free_port() -> int:
@@ -40,17 +142,48 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    cache = pull_demo(str(tmp_path_factory.mktemp("browser") / "demo.duckdb"))
+def cache_path(tmp_path_factory) -> str:
+    """One cache: the demo world (through the real pull), a 2,000-partition world and a world
+    of payloads (landed through ``Cache.ingest``)."""
+    from spark_backend import analysis
+    from spark_backend.analysis import stalls
+    from spark_backend.cache.store import Cache
+
+    path = pull_demo(str(tmp_path_factory.mktemp("browser") / "demo.duckdb"))
+    with Cache(path) as cache:
+        land_world(cache, big_world())
+        land_world(cache, payload_world())
+        # what the tests compare with, read before the server holds the file
+        for stream in ("DemoStream", "Big2000"):
+            FACTS[stream] = {
+                "partitions": cache.con.execute(
+                    "SELECT count(*) FROM partitions WHERE stream = ?", [stream]).fetchone()[0],
+                "edges": int(analysis.edges(cache.con, stream)["kind"].isin(
+                    ["split", "merge", "move"]).sum())}
+        FACTS["worst"] = stalls.worst_stall(cache.con, "DemoStream", 60.0)
+    report = Path(path).with_name("report.html")
+    FACTS["report"] = subprocess.run(
+        [sys.executable, "-m", "spark_backend", "report", "--cache", path, "--stream",
+         "DemoStream", "--html", str(report)], cwd=ROOT, capture_output=True, text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=600)
+    FACTS["report_path"] = report
+    return path
+
+
+FACTS: dict = {}
+
+
+@pytest.fixture(scope="module")
+def server(cache_path, tmp_path_factory):
     port = _free_port()
     log = open(tmp_path_factory.mktemp("log") / "streamlit.log", "w")
     proc = subprocess.Popen(
         [sys.executable, "-m", "streamlit", "run", "app/main.py", "--server.port", str(port),
          "--server.address", "127.0.0.1", "--server.headless", "true"],
-        cwd=ROOT, env={**os.environ, "CSI_CACHE": cache}, stdout=log, stderr=subprocess.STDOUT,
-    )
+        cwd=ROOT, env={**os.environ, "CSI_CACHE": cache_path}, stdout=log,
+        stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         try:
             if urllib.request.urlopen(f"{url}/_stcore/health", timeout=2).status == 200:
@@ -62,63 +195,307 @@ def server(tmp_path_factory):
         pytest.fail("streamlit did not start")
     yield url
     proc.terminate()
-    proc.wait(timeout=20)
+    proc.wait(timeout=30)
     log.close()
 
 
 @pytest.fixture(scope="module")
-def page(server):
+def browser():
     from playwright.sync_api import sync_playwright
 
     SHOTS.mkdir(exist_ok=True)
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        tab = browser.new_page(viewport={"width": 1500, "height": 1100})
-        tab.set_default_timeout(60_000)
-        yield tab
-        browser.close()
+        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield b
+        b.close()
 
 
-def _open(page, server: str, name: str) -> None:
-    page.goto(f"{server}/{PAGES[name]}")
+@pytest.fixture
+def page(browser):
+    """A fresh tab (1440x900, as a person opens it) that records outside requests."""
+    context = browser.new_context(viewport={"width": 1440, "height": 900})
+    tab = context.new_page()
+    tab.set_default_timeout(120_000)
+    tab.outside = []
+
+    def only_local(route) -> None:
+        host = urllib.parse.urlparse(route.request.url).hostname
+        local = route.request.url.startswith(("data:", "blob:", "file:"))
+        if host in ("127.0.0.1", "localhost") or local:
+            route.continue_()
+        else:
+            tab.outside.append(route.request.url)
+            route.abort()
+
+    tab.route("**/*", only_local)
+    yield tab
+    context.close()
+
+
+def _open(page, server: str, name: str, query: str = "") -> None:
+    page.goto(f"{server}/{PAGES[name]}{query}")
     page.wait_for_selector('[data-testid="stApp"]')
-    page.wait_for_selector('h1', timeout=60_000)
+    page.wait_for_selector("h1")
     if name in CHARTED:
         page.wait_for_selector('[data-testid="stPlotlyChart"] .main-svg')
-    page.wait_for_timeout(800)
+    _settle(page)
     assert not page.query_selector('[data-testid="stException"]'), f"{name} raised"
+
+
+def _settle(page, quiet_s: float = 2.0) -> None:
+    """Until the app is not running and the main area has not changed for ``quiet_s``."""
+    last, since = None, time.monotonic()
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        running = page.locator('[data-testid="stStatusWidget"]').count() > 0
+        text = page.locator('[data-testid="stMain"]').inner_text()
+        if running or text != last:
+            last, since = text, time.monotonic()
+        elif time.monotonic() - since >= quiet_s:
+            return
+        time.sleep(0.25)
+
+
+def _ink(png: bytes) -> float:
+    """Share of pixels carrying colour or dark strokes (a blank plot area is ~0)."""
+    from PIL import Image
+
+    raw = Image.open(io.BytesIO(png)).convert("RGB").tobytes()
+    n = len(raw) // 3
+    inked = 0
+    for i in range(0, 3 * n, 3):
+        r, g, b = raw[i], raw[i + 1], raw[i + 2]
+        if max(r, g, b) - min(r, g, b) > 40 or max(r, g, b) < 150:
+            inked += 1
+    return inked / max(1, n)
+
+
+def _select_stream(page, name: str) -> None:
+    page.locator('[data-testid="stSidebar"] [data-testid="stSelectbox"]').first.click()
+    page.get_by_role("option", name=name, exact=True).click()
+    _settle(page)
+
+
+# --- every page -----------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("name", list(PAGES))
 def test_every_page_renders(page, server, name):
-    _open(page, server, name)
+    _open(page, server, name, "?stream=DemoStream")
     page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
-    if name == "overview":
-        assert page.get_by_text("has held the stream back").count() >= 1
-    if name == "watermarks":
-        assert page.get_by_text("has held the stream back for").count() >= 1
+    if name in ("overview", "watermarks"):
+        assert page.get_by_text("Worst stall").count() >= 1
+    assert page.outside == [], "no outside fetches (icon, fonts)"
 
 
-_POINT_JS = """() => {
+def test_overview_is_also_at_its_slug(page, server):
+    page.goto(f"{server}/overview?stream=DemoStream")
+    page.wait_for_selector("h1")
+    _settle(page)
+    assert page.get_by_text("Worst stall").count() >= 1
+
+
+# --- the DAG draws, and a click selects every time ----------------------------------------------
+
+_MARKS_JS = """() => {
   const gd = document.querySelector('[data-testid="stPlotlyChart"] .js-plotly-plot');
-  const i = gd._fullData.findIndex(t => t.mode === 'markers' && t.customdata
-                                         && t.customdata.length > 3);
-  const t = gd._fullData[i], k = Math.floor(t.customdata.length / 2);
-  const xa = gd._fullLayout.xaxis, ya = gd._fullLayout.yaxis;
-  const box = gd.getBoundingClientRect();
-  return {token: t.customdata[k][0],
-          x: box.left + xa._offset + xa.c2p(xa.d2c(t.x[k])),
-          y: box.top + ya._offset + ya.c2p(ya.d2c(t.y[k]))};
+  const bars = gd.querySelectorAll('.barlayer .bars path');
+  const drawn = [...bars].filter(p => (p.getAttribute('d') || '').length > 4).length;
+  const segments = [...gd.querySelectorAll('.scatterlayer .js-line')]
+      .map(p => ((p.getAttribute('d') || '').match(/M/g) || []).length);
+  return {bars: drawn, segments: segments.reduce((a, b) => a + b, 0)};
 }"""
 
 
-def test_click_a_partition_in_the_dag(page, server):
-    _open(page, server, "dag")
-    target = page.evaluate(_POINT_JS)
-    page.mouse.move(target["x"], target["y"])
-    page.wait_for_timeout(300)
-    page.mouse.click(target["x"], target["y"])
-    heading = page.locator("h4", has_text=target["token"])
-    heading.wait_for(timeout=30_000)
-    assert f"partition={target['token']}" in page.url
+def _dag_marks(page, server: str, stream: str, shot: str) -> dict:
+    _open(page, server, "dag", f"?stream={stream}")
+    marks = page.evaluate(_MARKS_JS)
+    area = page.locator('[data-testid="stPlotlyChart"] .nsewdrag').first
+    marks["ink"] = _ink(area.screenshot())
+    page.screenshot(path=str(SHOTS / shot), full_page=True)
+    return marks
+
+
+def test_dag_draws_bars_and_edges_for_the_demo(page, server):
+    marks = _dag_marks(page, server, "DemoStream", "dag-demo.png")
+    assert marks["bars"] >= FACTS["DemoStream"]["partitions"], marks
+    assert marks["segments"] >= FACTS["DemoStream"]["edges"] > 0, marks  # every edge is drawn
+    assert marks["ink"] > 0.10, marks
+
+
+def test_dag_draws_2000_partitions(page, server):
+    marks = _dag_marks(page, server, "Big2000", "dag-2000.png")
+    assert marks["bars"] >= FACTS["Big2000"]["partitions"] >= 2000, marks
+    assert marks["segments"] >= FACTS["Big2000"]["edges"] > 0, marks
+    assert marks["ink"] > 0.10, marks
+
+
+_BAR_JS = """(k) => {
+  const gd = document.querySelector('[data-testid="stPlotlyChart"] .js-plotly-plot');
+  const traces = gd._fullData.filter(t => t.type === 'bar' && t.customdata
+                                          && t.name !== 'selected');
+  const all = [];
+  traces.forEach(t => t.customdata.forEach((c, i) => all.push([t, i])));
+  all.sort((a, b) => (a[0].x[a[1]] > b[0].x[b[1]] ? -1 : 1));  // the longest bars first
+  const [t, i] = all[k];
+  const xa = gd._fullLayout.xaxis, ya = gd._fullLayout.yaxis;
+  const box = gd.getBoundingClientRect();
+  const mid = xa.d2c(t.base[i]) + t.x[i] / 2;
+  return {token: t.customdata[i][0],
+          x: box.left + xa._offset + xa.c2p(mid), y: box.top + ya._offset + ya.c2p(t.y[i])};
+}"""
+
+
+def test_five_clicks_select_five_partitions(page, server):
+    _open(page, server, "dag", "?stream=DemoStream")
+    chosen = []
+    for k in (0, 3, 6, 9, 12):
+        target = page.evaluate(_BAR_JS, k)
+        page.mouse.move(target["x"], target["y"])
+        page.wait_for_timeout(200)
+        page.mouse.click(target["x"], target["y"])
+        page.wait_for_function(
+            "t => new URLSearchParams(location.search).get('partition') === t",
+            arg=target["token"], timeout=60_000)
+        page.locator("h4", has_text=target["token"]).wait_for(timeout=60_000)
+        _settle(page, 1.0)
+        chosen.append(target["token"])
+    assert len(set(chosen)) == 5
+    # The selection is highlighted without fading the rest: every bar keeps its opacity.
+    faded = page.evaluate("""() => [...document.querySelectorAll(
+        '[data-testid="stPlotlyChart"] .barlayer .bars path')].filter(
+        p => parseFloat(getComputedStyle(p).opacity || '1') < 0.9).length""")
+    assert faded == 0
     page.screenshot(path=str(SHOTS / "dag-selected.png"), full_page=True)
+
+
+# --- a shared Watermarks URL restores its moment -----------------------------------------------
+
+
+def test_shared_watermarks_url_restores_its_moment(page, server):
+    worst = FACTS["worst"]
+    middle = (worst["since_ns"] + worst["until_ns"]) // 2
+    query = urllib.parse.urlencode({"stream": "DemoStream", "at": format_ns(middle),
+                                    "partition": worst["partition"]})
+    _open(page, server, "watermarks", "?" + query)
+    text = _text(page, '[data-testid="stMain"]')
+    assert f"partition {worst['partition']} held the low watermark" in text
+    slider = page.locator('[data-testid="stSlider"] input[type="range"]').first
+    moment = slider.get_attribute("aria-valuetext")
+    held = int(moment[:2]) * 3600 + int(moment[3:5]) * 60 + int(moment[6:8])
+    since = (worst["since_ns"] // 10**9) % 86400
+    until = (worst["until_ns"] // 10**9) % 86400
+    assert since < held < until, (moment, worst)
+    # The slider moves the moment in the URL (and every arrow-key step counts).
+    slider.focus()
+    for _ in range(2):
+        page.keyboard.press("ArrowLeft")
+        _settle(page, 1.0)
+    after = dict(urllib.parse.parse_qsl(urllib.parse.urlparse(page.url).query))["at"]
+    assert after < format_ns(middle)
+    page.screenshot(path=str(SHOTS / "watermarks-shared.png"), full_page=True)
+
+
+# --- payloads render as text --------------------------------------------------------------------
+
+_FORMED_JS = """() => ({
+  links: [...document.querySelectorAll('a[href]')]
+         .filter(a => new URL(a.href, location.href).hostname.includes('evil')).length,
+  images: [...document.querySelectorAll('img[src*="evil.example"], image[href*="evil"]')].length,
+  bold: [...document.querySelectorAll('[data-testid="stMain"] b, [data-testid="stSidebar"] b')]
+        .filter(b => b.textContent === 'bold').length,
+})"""
+
+
+def _text(page, selector: str = '[data-testid="stApp"]') -> str:
+    """What is seen (zero-width spaces, which break autolinks, are not seen)."""
+    return page.locator(selector).first.inner_text().replace("\u200b", "")
+
+
+def _no_payload_formed(page) -> None:
+    formed = page.evaluate(_FORMED_JS)
+    assert formed == {"links": 0, "images": 0, "bold": 0}, formed
+    assert not [u for u in page.outside if "evil.example" in u], page.outside
+
+
+@pytest.mark.parametrize("param", ["stream", "start", "end", "partition", "txn", "step", "at",
+                                   "stall"])
+@pytest.mark.parametrize("kind", list(PAYLOADS))
+def test_url_parameters_render_as_text(page, server, param, kind):
+    query = {"stream": "DemoStream", param: PAYLOADS[kind]}
+    target = {"partition": "dag", "txn": "transactions", "at": "watermarks",
+              "stall": "watermarks"}.get(param, "overview")
+    page.goto(f"{server}/{PAGES[target]}?{urllib.parse.urlencode(query)}")
+    page.wait_for_selector("h1")
+    _settle(page, 1.5)
+    _no_payload_formed(page)
+    if param in ("stream", "partition", "txn"):
+        assert PAYLOADS[kind] in _text(page)
+
+
+def test_tokens_and_transaction_ids_render_as_text(page, server):
+    tokens = [f"{text}-{name}" for name, text in PAYLOADS.items()]
+    for token in tokens:
+        query = urllib.parse.urlencode({"stream": "Payloads", "partition": token})
+        _open(page, server, "dag", "?" + query)
+        _no_payload_formed(page)
+        assert token in _text(page, "h4")
+        # hover a bar: the hover label shows the token as text
+        target = page.evaluate(_BAR_JS, 0)
+        page.mouse.move(target["x"], target["y"])
+        page.wait_for_timeout(300)
+        _no_payload_formed(page)
+    txn = f"{PAYLOADS['link']}-txn0"
+    _open(page, server, "transactions", "?" + urllib.parse.urlencode(
+        {"stream": "Payloads", "txn": txn}))
+    _no_payload_formed(page)
+    assert txn in _text(page, '[data-testid="stMain"]')
+    for name in ("overview", "watermarks", "records"):
+        _open(page, server, name, "?stream=Payloads")
+        _no_payload_formed(page)
+    page.screenshot(path=str(SHOTS / "payloads-transactions.png"), full_page=True)
+
+
+# --- the HTML report draws offline ---------------------------------------------------------------
+
+
+def test_html_report_draws_offline(page, cache_path):
+    done, out = FACTS["report"], FACTS["report_path"]
+    assert done.returncode == 0, done.stderr
+    page.goto(out.as_uri())
+    page.wait_for_selector(".js-plotly-plot .barlayer .bars path")
+    assert page.locator(".js-plotly-plot").count() == 3
+    assert page.locator(".js-plotly-plot .barlayer .bars path").count() >= 41  # the DAG's bars
+    assert page.locator(".js-plotly-plot .scatterlayer .js-line").count() > 0
+    assert "Worst stall" in page.inner_text("body")
+    assert page.outside == [], "the report fetches nothing"
+
+
+# --- the live demo advances ---------------------------------------------------------------------
+
+
+def test_live_demo_advances(page, server):
+    page.goto(f"{server}/sources")
+    page.wait_for_selector("h1")
+    _settle(page)
+    page.get_by_role("button", name="Start the live demo").click()
+    page.wait_for_url("**/?stream=LiveDemo_*", timeout=240_000)
+    page.wait_for_selector('[data-testid="stPlotlyChart"] .main-svg')
+
+    def now_line() -> str:
+        text = page.locator('[data-testid="stMain"]').inner_text()
+        return next((line for line in text.splitlines() if line.startswith("Now (")), "")
+
+    first = now_line()
+    assert first, "the live Overview says where the low watermark is now"
+    # No timing threshold: wait (bounded) until the page has moved on by itself.
+    page.wait_for_function(
+        "t => ![...document.querySelectorAll('[data-testid=\"stMain\"] p')]"
+        ".some(p => p.innerText === t)", arg=first, timeout=120_000)
+    assert now_line() != first
+    page.screenshot(path=str(SHOTS / "live.png"), full_page=True)
+    page.goto(f"{server}/sources")
+    page.wait_for_selector("h1")
+    _settle(page)
+    page.get_by_role("button", name="Stop LiveDemo").first.click()
+    _settle(page)

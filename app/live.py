@@ -1,0 +1,148 @@
+"""Live streams: the live demo world served and pulled on a timer, and what the pages say.
+
+A :class:`LiveRunner` (one per live stream, for the whole server process) keeps ONE source
+across ticks: the live demo world's server stays up, and every tick pulls from the stream's
+start to now into the cache, which reads only the new span (open partitions continue where they
+were read to). Ticks run on a background thread, so pages only re-read the cache
+(``st.fragment(run_every=...)``); one pull at a time per cache file (``resources.pull_lock``).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from spark_backend.model.timestamps import format_ns
+
+from . import pulling
+
+LIVE_PREFIX = "LiveDemo_"
+DEFAULT_EVERY_S = 5.0
+
+
+@dataclass
+class LiveRunner:
+    """A live demo stream being pulled on a timer into one cache file."""
+
+    path: str
+    stream: str
+    world: Any                   # spark_backend.demo.live.LiveWorld
+    server: Any                  # spark_backend.demo.server.DemoServer serving it
+    pull: Callable[[pulling.PullForm, Callable[[Any], None]], pulling.Outcome]
+    every_s: float = DEFAULT_EVERY_S
+    history_s: float = 90.0      # the first pull reads this much of the past (then only news)
+    ticks: int = 0
+    last: str = "starting…"
+    last_ok: bool = True
+    last_at: float = 0.0
+    stopped: bool = False
+    _stop: threading.Event = field(default_factory=threading.Event, repr=False)
+    _thread: threading.Thread | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        self.first_ns = max(self.world.start, self.world.now - int(self.history_s * 1e9))
+        self.first_ns -= self.first_ns % 1000
+
+    def form(self) -> pulling.PullForm:
+        return pulling.PullForm(source="demo", stream=self.stream,
+                                start=format_ns(self.first_ns),
+                                end=format_ns(self.world.end), heartbeat_ms=2000)
+
+    def tick(self) -> pulling.Outcome:
+        """One refresh: pull what happened since the last one."""
+        outcome = self.pull(self.form(), lambda p: None)
+        self.ticks += 1
+        self.last, self.last_ok, self.last_at = outcome.message, outcome.ok, time.time()
+        return outcome
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name=f"live-{self.stream}",
+                                        daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            began = time.monotonic()
+            try:
+                self.tick()
+            except Exception as e:  # keep the loop alive; the page shows the sentence
+                self.last, self.last_ok = f"The refresh failed: {str(e).splitlines()[0]}", False
+            if self.world.finished:
+                self.last = ("The live demo world has played its hour; start a new one to "
+                             "watch again.")
+                break
+            self._stop.wait(max(0.5, self.every_s - (time.monotonic() - began)))
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=120)
+        self.server.stop()
+        self.stopped = True
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def status(self) -> str:
+        """One plain sentence: running or not, ticks, the last refresh's outcome."""
+        state = "live" if self.running else "stopped"
+        ago = "" if not self.last_at else f" ({time.time() - self.last_at:.0f}s ago)"
+        return (f"{self.stream} is {state}: {self.ticks} refreshes every {self.every_s:g}s; "
+                f"last{ago}: {self.last}")
+
+
+def new_stream_name(now_ns: int) -> str:
+    """LiveDemo_HHMMSS (UTC): each live world is a stream of its own (its times differ)."""
+    return LIVE_PREFIX + format_ns(now_ns)[11:19].replace(":", "")
+
+
+def refusal(info: dict[str, Any]) -> str | None:
+    """Why a cached stream cannot be refreshed here (one sentence), None when it can."""
+    source = info.get("source")
+    if source == "emulator":
+        return ("This stream came from a local emulator that its pull started and stopped; "
+                "nothing is left to refresh. Pull the emulator source again into a new stream.")
+    if source == "demo" and str(info.get("stream", "")).startswith(LIVE_PREFIX):
+        return ("This live demo stream is refreshed by its own live world while it runs (see "
+                "Live demo above); once stopped it stays as recorded.")
+    if source == "demo":
+        return ("The recorded demo world is a fixed hour: there is nothing new to read. Start "
+                "the live demo instead.")
+    if source not in ("spanner",):
+        return "Only streams pulled from Cloud Spanner (or the live demo) can be refreshed."
+    return None
+
+
+def events(parts: Any, edges: Any, found: list[dict], since_ns: int) -> list[str]:
+    """What happened since ``since_ns``, in words (markdown lines, values escaped): splits,
+    merges, a partition going silent or speaking again."""
+    from .formatting import clock, duration, short
+    from .safe import md
+
+    start = dict(zip(parts["token"], parts["start_ns"], strict=True))
+    recent = edges[edges["child"].map(lambda t: (start.get(t) or 0) >= since_ns)]
+    out: list[tuple[int, str]] = []
+    for parent, group in recent[recent["kind"] == "split"].groupby("parent"):
+        at = int(min(start[t] for t in group["child"]))
+        kids = ", ".join(short(t, 8) for t in group["child"])
+        out.append((at, f"{clock(at)} · partition {md(short(parent, 8))} **split** into "
+                        f"{len(group)} ({md(kids)})"))
+    for child, group in recent[recent["kind"] == "merge"].groupby("child"):
+        at = int(start[child])
+        names = ", ".join(short(t, 8) for t in group["parent"])
+        out.append((at, f"{clock(at)} · partitions {md(names)} **merged** into "
+                        f"{md(short(child, 8))}"))
+    for s in found:
+        if s["ongoing"]:
+            out.append((s["since_ns"], f"{clock(s['since_ns'])} · partition "
+                        f"{md(short(s['partition'], 8))} **went silent**: it has held the low "
+                        f"watermark back for {duration(s['max_lag_s'])} and **still does**"))
+        elif s["until_ns"] is not None and s["until_ns"] >= since_ns:
+            out.append((s["until_ns"], f"{clock(s['until_ns'])} · partition "
+                        f"{md(short(s['partition'], 8))} **recovered** after "
+                        f"{duration(s['max_lag_s'])} of silence"))
+    return [text for _, text in sorted(out, reverse=True)]

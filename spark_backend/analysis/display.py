@@ -1,0 +1,53 @@
+"""Values for people: timestamps as datetimes and RFC 3339 text, tokens shortened, values
+escaped for Plotly labels. Shared by the dashboard and the HTML report (no UI imports)."""
+
+from __future__ import annotations
+
+import html as _html
+from typing import Any
+
+import pandas as pd
+
+from ..model.timestamps import format_ns
+
+
+def html(value: Any) -> str:
+    """A value for Plotly text and hover labels (``<``, ``>``, ``&``, quotes escaped): Plotly
+    renders ``<a href>``, ``<b>``... in them."""
+    return _html.escape(str(value), quote=True)
+
+
+def is_missing(value: Any) -> bool:
+    if value is None or isinstance(value, str):
+        return value is None
+    try:
+        return bool(pd.isna(value))
+    except (TypeError, ValueError):
+        return False
+
+def to_datetime(ns: Any) -> pd.Timestamp | None:
+    """Integer nanoseconds -> a UTC pandas Timestamp (None stays None)."""
+    if is_missing(ns):
+        return None
+    return pd.Timestamp(int(ns), unit="ns", tz="UTC")
+
+def ns_column(series: pd.Series) -> pd.Series:
+    """A column of ``*_ns`` integers -> UTC datetimes, for axes and tables."""
+    # Microseconds: what a browser shows, and plotly warns when it drops nanoseconds.
+    return pd.to_datetime(series.astype("Int64"), unit="ns", utc=True).dt.floor("us")
+
+def timestamp(ns: Any) -> str:
+    """Full RFC 3339 with the precision the source gave."""
+    return "-" if is_missing(ns) else format_ns(int(ns))
+
+def short(token: Any, n: int = 12) -> str:
+    if is_missing(token):
+        return "(root)"
+    text = str(token)
+    return text if len(text) <= n + 1 else text[:n] + "…"
+
+def parents_text(parents: Any) -> str:
+    if parents is None or isinstance(parents, float | str):
+        return "(root)" if not isinstance(parents, str) else short(parents)
+    items = [p for p in list(parents) if p is not None]
+    return ", ".join(short(p) for p in items) if items else "(root)"
