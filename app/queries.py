@@ -472,5 +472,7 @@ def schema(con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
              AND schema_name = 'main' AND NOT internal
            ORDER BY table_name, column_index"""
     ).df()
-    df["about"] = df["table"].map(TABLE_DOCS).fillna("")
+    # The cache's own tables only (what the console is for), nothing stray of the file.
+    df = df[df["table"].isin(TABLE_DOCS)].reset_index(drop=True)
+    df["about"] = df["table"].map(TABLE_DOCS)
     return df

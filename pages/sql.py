@@ -11,9 +11,6 @@ main, side = st.columns([3, 2])
 with side:
     st.subheader("Schema")
     schema = resources.schema(c.path, c.version)
-    accepted = getattr(sql_console, "ALLOWED_TABLES", None)
-    if accepted is not None:  # only what the console accepts (no stray tables of the file)
-        schema = schema[schema["table"].isin(accepted)]
     for table, cols in schema.groupby("table", sort=True):
         with st.expander(md(table)):
             st.caption(cols["about"].iloc[0])

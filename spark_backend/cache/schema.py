@@ -189,6 +189,7 @@ TABLE_DOCS = {
     "partition_records": "MUTABLE_KEY_RANGE streams: partition start, event (key-range moves "
                          "in and out) and end records as returned",
     "progress_marks": "view: every timestamp a partition vouched for",
+    "beam_partitions": "a Beam/Dataflow connector's partition metadata rows, one per partition",
     "quarantine": "input that could not be decoded, kept with the reason",
     "imports": "files imported, by content hash (a file imported twice adds nothing)",
 }
