@@ -17,7 +17,10 @@ from spark_backend.model.timestamps import TimestampError, now_ns, parse_ns
 SOURCES = {"demo": "Demo world", "emulator": "Local Cloud Spanner emulator",
            "spanner": "Cloud Spanner", "files": "Recordings and other systems' files"}
 FILE_FORMATS = ("recording", "datastream", "cockroachdb", "bigtable")
-DIALECTS = ("googlesql", "postgresql")
+# "" = the database's own dialect, asked from the database; the others override it.
+DIALECTS = ("", "googlesql", "postgresql")
+DIALECT_LABELS = {"": "the database's own (asked)", "googlesql": "GoogleSQL (override)",
+                  "postgresql": "PostgreSQL (override)"}
 GENERAL = "general"
 
 # ``BadInput.field`` (the backend's name for the input at fault) -> this form's field.
@@ -53,7 +56,7 @@ class PullForm:
     project: str = ""
     instance: str = ""
     database: str = ""
-    dialect: str = "googlesql"
+    dialect: str = ""
     start: str = ""
     end: str = ""
     heartbeat_ms: int = config.DEFAULT_HEARTBEAT_MS
@@ -152,7 +155,7 @@ def request_for(form: PullForm, demo_host: str | None = None) -> Any:
         source=form.source, stream=form.stream.strip() or None,
         source_stream=form.source_stream.strip() or None,
         project=form.project.strip() or None, instance=form.instance.strip() or None,
-        database=form.database.strip() or None, dialect=form.dialect,
+        database=form.database.strip() or None, dialect=form.dialect or None,
         start=form.start.strip() or None, end=form.end.strip() or None,
         heartbeat_ms=int(form.heartbeat_ms),
         demo_host=demo_host if form.source == "demo" else None,

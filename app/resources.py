@@ -278,7 +278,8 @@ def prepare_pull(form: Any) -> str | None:
     if form.source != "demo":
         return None
     defaults = PullRequest(source="demo")
-    return demo_server(defaults.demo_seed, defaults.demo_scale, form.dialect).address
+    return demo_server(defaults.demo_seed, defaults.demo_scale,
+                       form.dialect or "googlesql").address
 
 
 # --- live streams ------------------------------------------------------------------------------

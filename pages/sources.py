@@ -42,7 +42,8 @@ with left:
         form.source_stream = st.text_input("Change stream at the source", key="src_sstream")
         field_error("source_stream")
     if form.source != "files":
-        form.dialect = st.selectbox("Dialect", pulling.DIALECTS, key="src_dialect")
+        form.dialect = st.selectbox("Dialect", pulling.DIALECTS, key="src_dialect",
+                                    format_func=pulling.DIALECT_LABELS.get)
         field_error("dialect")
     else:
         form.file_format = st.selectbox("Format", pulling.FILE_FORMATS, key="src_format")

@@ -442,3 +442,13 @@ def test_stalls_find_the_demo_s_stall(demo_cache, world):
     assert worst["partition"] == token and not worst["ongoing"]
     assert worst["since_ns"] <= silent_from and worst["until_ns"] >= silent_to
     assert worst["max_lag_s"] > (silent_to - silent_from) / 1e9
+
+
+def test_cloud_spanner_form_needs_no_dialect():
+    """The form's dialect is the database's own unless the user overrides it."""
+    form = pulling.PullForm(source="spanner", project="p", instance="i", database="d",
+                            source_stream="S", start="2026-01-05T09:00:00Z")
+    assert form.dialect == "" and "dialect" not in pulling.validate(form)
+    assert pulling.request_for(form).dialect is None  # asked from the database by the pull
+    form.dialect = "postgresql"
+    assert pulling.request_for(form).dialect == "postgresql"
