@@ -245,6 +245,21 @@ def test_dag_draws_key_range_moves_and_report_works(mutable_pull, world):
     gaps = analysis.heartbeat_gaps(cache.con, "DemoStream")
     stall = gaps[gaps["partition"] == token].iloc[0]
     assert stall["from_ns"] <= stall_from and stall["to_ns"] >= stall_to
+    # The figure draws one dotted segment per move, at its commit timestamp, source lane to
+    # destination lane.
+    from spark_backend.analysis import dag_layout, figures
+
+    nodes = dag_layout.layout(analysis.partitions(cache.con, "DemoStream"))
+    segments = dag_layout.edge_segments(nodes, edges)
+    drawn = segments[segments["kind"] == dag_layout.KEY_RANGE_MOVE]
+    lane = dict(zip(nodes["token"], nodes["lane"], strict=True))
+    assert {(r.x0_ns, r.y0, r.y1) for r in drawn.itertuples()} == {
+        (m.commit, lane[m.source], lane[m.destination]) for m in world.moves}
+    fig = figures.dag_figure(nodes, segments)
+    trace = next(t for t in fig.data if t.name.startswith(dag_layout.KEY_RANGE_MOVE))
+    assert trace.name == f"{dag_layout.KEY_RANGE_MOVE} ({len(world.moves)})"
+    assert sum(1 for y in trace.y if y == y) == 2 * len(world.moves)  # two points per segment
+    assert dag_layout.to_svg(nodes, segments).count('stroke="#e37400"') == len(world.moves)
 
 
 def test_recording_round_trip(mutable_pull, spark, tmp_path, world):

@@ -18,6 +18,10 @@ from .display import is_missing, timestamp
 
 STATUSES = ("finished", "open", "stalled", "incomplete")
 EDGE_KINDS = ("split", "merge", "move")
+# MUTABLE_KEY_RANGE: a key range moving out of one partition into another at a commit
+# timestamp; drawn as one vertical segment at that moment (both sides' edges give one move).
+KEY_RANGE_MOVE = "key-range move"
+MOVE_KINDS = ("move_in", "move_out")
 
 
 def status(row: Any) -> str:
@@ -82,11 +86,30 @@ def edge_segments(nodes: pd.DataFrame, edges: pd.DataFrame) -> pd.DataFrame:
     e = e[e["parent"].isin(pos.index) & e["child"].isin(pos.index)]
     p = pos.loc[e["parent"]].reset_index(drop=True)
     c = pos.loc[e["child"]].reset_index(drop=True)
-    return pd.DataFrame({
+    structural = pd.DataFrame({
         "parent": e["parent"].to_numpy(), "child": e["child"].to_numpy(),
         "kind": e["kind"].to_numpy(),
         "x0_ns": p["x1_ns"].to_numpy(), "y0": p["lane"].to_numpy(),
         "x1_ns": c["x0_ns"].to_numpy(), "y1": c["lane"].to_numpy(),
+    })
+    return pd.concat([structural, _move_segments(pos, edges)], ignore_index=True)
+
+
+def _move_segments(pos: pd.DataFrame, edges: pd.DataFrame) -> pd.DataFrame:
+    """Key-range moves: source lane -> destination lane at the move's commit timestamp."""
+    columns = ["parent", "child", "kind", "x0_ns", "y0", "x1_ns", "y1"]
+    if "ts_ns" not in edges.columns:
+        return pd.DataFrame(columns=columns)
+    m = edges[edges["kind"].isin(MOVE_KINDS) & edges["ts_ns"].notna()]
+    m = m[m["parent"].isin(pos.index) & m["child"].isin(pos.index)]
+    m = m.drop_duplicates(["parent", "child", "ts_ns"])
+    if m.empty:
+        return pd.DataFrame(columns=columns)
+    ts = m["ts_ns"].astype("int64").to_numpy()
+    return pd.DataFrame({
+        "parent": m["parent"].to_numpy(), "child": m["child"].to_numpy(),
+        "kind": KEY_RANGE_MOVE, "x0_ns": ts, "y0": pos.loc[m["parent"], "lane"].to_numpy(),
+        "x1_ns": ts, "y1": pos.loc[m["child"], "lane"].to_numpy(),
     })
 
 
@@ -94,7 +117,8 @@ def edge_segments(nodes: pd.DataFrame, edges: pd.DataFrame) -> pd.DataFrame:
 
 _STATUS_COLOUR = {"finished": "#5f6368", "open": "#1e8e3e", "stalled": "#d93025",
                   "incomplete": "#f29900"}
-_EDGE_COLOUR = {"split": "#1a73e8", "merge": "#9334e6", "move": "#80868b"}
+_EDGE_COLOUR = {"split": "#1a73e8", "merge": "#9334e6", "move": "#80868b",
+                "move_in": "#e37400", "move_out": "#e37400", KEY_RANGE_MOVE: "#e37400"}
 
 
 def to_dot(nodes: pd.DataFrame, edges: pd.DataFrame, stream: str) -> str:

@@ -15,12 +15,13 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from .dag_layout import EDGE_KINDS, STATUSES
+from .dag_layout import EDGE_KINDS, KEY_RANGE_MOVE, STATUSES
 from .display import html, ns_column, parents_text, short, timestamp, to_datetime
 
 STATUS_COLOUR = {"finished": "#9aa0a6", "open": "#1e8e3e", "stalled": "#d93025",
                  "incomplete": "#f29900", "holding back": "#d93025"}
-EDGE_COLOUR = {"split": "#1a73e8", "merge": "#9334e6", "move": "#5f6368"}
+EDGE_COLOUR = {"split": "#1a73e8", "merge": "#9334e6", "move": "#5f6368",
+               KEY_RANGE_MOVE: "#e37400"}
 HIGHLIGHT = "#fbbc04"
 _LEGEND = dict(orientation="h", yanchor="bottom", y=1.02, xanchor="left", x=0)
 MAX_LABELS = 30
@@ -71,13 +72,14 @@ def dag_figure(nodes: pd.DataFrame, segments: pd.DataFrame, highlight: Sequence[
     df = nodes.assign(kind=nodes["status"])
     if holder is not None:
         df.loc[df["token"] == holder, "kind"] = "holding back"
-    for kind in EDGE_KINDS:
+    for kind in (*EDGE_KINDS, KEY_RANGE_MOVE):
         seg = segments[segments["kind"] == kind]
         if seg.empty:
             continue
         xs, ys = _seg_arrays(seg["x0_ns"], seg["y0"], seg["x1_ns"], seg["y1"])
+        dash = "dot" if kind == KEY_RANGE_MOVE else None
         fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", name=f"{kind} ({len(seg)})",
-                                 line=dict(color=EDGE_COLOUR[kind], width=1.4),
+                                 line=dict(color=EDGE_COLOUR[kind], width=1.4, dash=dash),
                                  hoverinfo="skip", legendgroup="edges",
                                  legendgrouptitle_text="edges"))
     for kind in (*STATUSES, "holding back"):
