@@ -9,6 +9,7 @@ import gzip
 import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -447,6 +448,12 @@ DASH_CASES = [
 ]
 
 
+def shown(markdown: str) -> str:
+    """What a person reads of an error box's markdown: the pages escape every value's
+    punctuation (``app/safe.py``), which renders as the character itself."""
+    return re.sub(r"\\([!-/:-@\[-`{-~])", r"\1", markdown).replace("\u200b", "")
+
+
 @pytest.mark.parametrize(("page", "params", "action", "words"), DASH_CASES,
                          ids=[f"{c[0]}-{c[3][:30]}" for c in DASH_CASES])
 def test_dashboard(dash, page, params, action, words):
@@ -455,7 +462,7 @@ def test_dashboard(dash, page, params, action, words):
     if action is not None:
         action(at)
     assert not at.exception, [e.value for e in at.exception]
-    errors = [e.value for e in at.error]
+    errors = [shown(e.value) for e in at.error]
     assert len(errors) == 1 and words in errors[0], errors
     assert dash_counts(dash) == before
 
@@ -467,7 +474,7 @@ def test_dashboard_cache_path_that_is_not_a_cache(place, tmp_path, kind):
     at = app(str(target))
     assert not at.exception, [e.value for e in at.exception]
     # One sentence (the sidebar and the page in its place both show it).
-    errors = sorted({e.value for e in at.error})
+    errors = sorted({shown(e.value) for e in at.error})
     assert len(errors) == 1, errors
     assert {"folder": "is a folder", "other": "not a cache of this tool",
             "text": "not a DuckDB cache file"}[kind] in errors[0]
