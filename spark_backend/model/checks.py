@@ -13,9 +13,13 @@ from typing import Any
 from spark_backend.model.errors import BadInput
 
 CACHE_STREAM_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]{0,127}$")
-_SPARK_MASTER = re.compile(
-    r"^(local(\[(\*|[1-9]\d{0,3})(,\s*[1-9]\d{0,2})?\])?|(spark|mesos|k8s)://\S+|yarn)$")
-_SPARK_REMOTE = re.compile(r"^sc://[A-Za-z0-9.\-_\[\]:]+(/;?\S*)?$")
+# The one definition of the Spark URLs we accept (the session checks with these too).
+SPARK_MASTER_RE = re.compile(
+    r"^(local(\[(\*|\d+)(,\d+)?\])?|local-cluster\[\d+,\d+,\d+\]|spark://[^\s/]+:\d+"
+    r"(,[^\s/]+:\d+)*|yarn|k8s://\S+)$"
+)
+SPARK_REMOTE_RE = re.compile(
+    r"^sc://(?P<host>\[[0-9a-fA-F:]+\]|[^\s:/;]+)(:(?P<port>\d+))?/?(;\S*)?$")
 
 # Bounds of the numbers users give (flags and forms share them).
 DEMO_SCALE = (0.01, 50.0)
@@ -55,19 +59,20 @@ def cache_stream_name(name: Any, label: str = "--as") -> str:
 
 
 def spark_master(value: str | None) -> str | None:
-    if value is not None and not _SPARK_MASTER.match(value):
+    if value is not None and not SPARK_MASTER_RE.match(value):
         raise BadInput(
-            f"--spark-master {value!r} is not a Spark master; use local[*], local[N], "
-            "spark://HOST:PORT, yarn or k8s://URL.", field="spark_master",
+            f"--spark-master {value!r} is not a Spark master URL; accepted are local[*], "
+            "local[N], spark://HOST:PORT, yarn and k8s://https://HOST:PORT.",
+            field="spark_master",
         )
     return value
 
 
 def spark_remote(value: str | None) -> str | None:
-    if value is not None and not _SPARK_REMOTE.match(value):
+    if value is not None and not SPARK_REMOTE_RE.match(value):
         raise BadInput(
-            f"--spark-remote {value!r} is not a Spark Connect endpoint; use sc://HOST:PORT.",
-            field="spark_remote",
+            f"--spark-remote {value!r} is not a Spark Connect URL; accepted is "
+            "sc://HOST[:PORT] (default port 15002).", field="spark_remote",
         )
     return value
 

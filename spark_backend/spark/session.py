@@ -20,8 +20,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from spark_backend.model import config
-from spark_backend.model.errors import BadInput, InspectorError
+from spark_backend.model import checks, config
+from spark_backend.model.errors import InspectorError
 
 _lock = threading.Lock()
 _registered: set[int] = set()
@@ -29,11 +29,7 @@ _warm: set[int] = set()
 _log_path: Path | None = None
 
 LOG_ENVVAR = "CSI_SPARK_LOG"  # where Spark's own output goes (default: under the cache folder)
-_MASTER_RE = re.compile(
-    r"^(local(\[(\*|\d+)(,\d+)?\])?|local-cluster\[\d+,\d+,\d+\]|spark://[^\s/]+:\d+"
-    r"(,[^\s/]+:\d+)*|yarn|k8s://\S+)$"
-)
-_REMOTE_RE = re.compile(r"^sc://(?P<host>\[[0-9a-fA-F:]+\]|[^\s:/;]+)(:(?P<port>\d+))?/?(;\S*)?$")
+_REMOTE_RE = checks.SPARK_REMOTE_RE
 
 
 class SparkUnavailable(InspectorError):
@@ -67,22 +63,12 @@ def _python_logs_to_file() -> None:
 
 
 def validate_master(master: str) -> str:
-    if not _MASTER_RE.match(master):
-        raise BadInput(
-            f"--spark-master {master!r} is not a Spark master URL; accepted are local[*], "
-            "local[N], spark://HOST:PORT, yarn and k8s://https://HOST:PORT.",
-            field="spark_master",
-        )
-    return master
+    return checks.spark_master(master)
 
 
 def validate_remote(remote: str) -> tuple[str, int]:
+    checks.spark_remote(remote)
     m = _REMOTE_RE.match(remote)
-    if not m:
-        raise BadInput(
-            f"--spark-remote {remote!r} is not a Spark Connect URL; accepted is "
-            "sc://HOST[:PORT] (default port 15002).", field="spark_remote",
-        )
     return m.group("host").strip("[]"), int(m.group("port") or 15002)
 
 
