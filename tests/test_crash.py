@@ -1,5 +1,6 @@
 """SIGKILL at any moment of a pull leaves a cache that the next pull completes exactly, first
-try: during Spark's start, mid-wave, mid-ingest, and while extending a cached range. Each run is
+try: during Spark's start, mid-wave, among the landings of the tasks' results, and while
+extending a cached range. Each run is
 the real command line (``python -m spark_backend pull --source demo``) on a small demo world,
 checked against the world's ground truth."""
 
@@ -60,11 +61,6 @@ def _has_jvm(pid: int) -> bool:
     return False
 
 
-def _staged_wave(cache: Path) -> bool:
-    """A wave's Spark job has finished writing: the driver is landing it now."""
-    return any(cache.parent.glob("csi-pull-*/wave-*/_SUCCESS"))
-
-
 def _kill_when(proc: subprocess.Popen, cache: Path, moment: str) -> None:
     """Wait for the moment, then SIGKILL the pull and everything it started."""
     lines: list[str] = []
@@ -78,7 +74,9 @@ def _kill_when(proc: subprocess.Popen, cache: Path, moment: str) -> None:
         hit = {
             "spark-start": _has_jvm(proc.pid) and "wave" not in seen,
             "mid-wave": "reading" in seen and "landed" not in seen,
-            "mid-ingest": _staged_wave(cache),
+            # The first task's results landed while the other tasks' results stream in and
+            # land, each in its own transaction: the kill falls among the landings.
+            "mid-ingest": "landed" in seen,
         }[moment]
         if hit:
             break
