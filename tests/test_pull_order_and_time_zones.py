@@ -15,20 +15,9 @@ from spark_backend.demo.server import DemoServer
 from spark_backend.demo.world import DEMO_STREAM, build_world
 from spark_backend.jobs.pull import PullRequest, run_pull
 from spark_backend.model import config
-from tests.test_pull_demo import cached_records, truth_records
+from tests.test_pull_demo import _descendants, cached_records, truth_records
 
 SMALL = 0.3
-
-
-def _descendants(world, token: str) -> set[str]:
-    out, todo = set(), [token]
-    while todo:
-        t = todo.pop()
-        for parent, child in world.edges:
-            if parent == t and child not in out:
-                out.add(child)
-                todo.append(child)
-    return out
 
 
 def _merge_below_a_failure(world) -> tuple[str, str, str]:
