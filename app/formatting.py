@@ -2,36 +2,25 @@
 
 from __future__ import annotations
 
-import datetime as dt
 from typing import Any
 
 from spark_backend.analysis.display import (  # noqa: F401  (the pages' names)
+    clock,
+    duration,
     is_missing,
     ns_column,
     parents_text,
     short,
+    stall_span,
     timestamp,
     to_datetime,
 )
-from spark_backend.model.timestamps import format_duration
 
 from .safe import md
 
 
-def clock(ns: Any) -> str:
-    """09:40:01 (UTC), the form used in sentences."""
-    if is_missing(ns):
-        return "-"
-    seconds = int(ns) // 1_000_000_000
-    return dt.datetime.fromtimestamp(seconds, tz=dt.UTC).strftime("%H:%M:%S")
-
-
 def count(n: Any) -> str:
     return "-" if is_missing(n) else f"{int(n):,}"
-
-
-def duration(seconds: float) -> str:
-    return format_duration(max(0.0, float(seconds)))
 
 
 def held_back_sentence(holder: dict[str, Any] | None) -> str:
@@ -61,14 +50,7 @@ def stall_sentence(stall: dict[str, Any] | None, threshold_s: float) -> str:
     if stall is None:
         return (f"No stall: no partition held the low watermark more than {threshold_s:g}s "
                 "behind in this range.")
-    since = clock(stall["since_ns"])
-    if stall["ongoing"]:
-        tail = (f"since {since} and **still does**: the low watermark is "
-                f"{duration(stall['max_lag_s'])} behind.")
-    else:
-        until = clock(stall["until_ns"] if stall["until_ns"] is not None else stall["last_ns"])
-        tail = (f"from {since} to {until}, up to {duration(stall['max_lag_s'])} behind; "
-                f"it recovered at {until}.")
+    tail = stall_span(stall, strong=lambda text: f"**{text}**")
     return (f"**Worst stall:** partition {md(short(stall['partition'], 20))} went silent and "
             f"held the low watermark back {tail} It held it more than {threshold_s:g}s behind "
             f"for {duration(stall['cost_s'])}.")

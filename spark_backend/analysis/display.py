@@ -3,12 +3,13 @@ escaped for Plotly labels. Shared by the dashboard and the HTML report (no UI im
 
 from __future__ import annotations
 
+import datetime as dt
 import html as _html
 from typing import Any
 
 import pandas as pd
 
-from ..model.timestamps import format_ns
+from ..model.timestamps import format_duration, format_ns
 
 
 def html(value: Any) -> str:
@@ -51,3 +52,27 @@ def parents_text(parents: Any) -> str:
         return "(root)" if not isinstance(parents, str) else short(parents)
     items = [p for p in list(parents) if p is not None]
     return ", ".join(short(p) for p in items) if items else "(root)"
+
+
+def clock(ns: Any) -> str:
+    """09:40:01 (UTC), the form used in sentences."""
+    if is_missing(ns):
+        return "-"
+    seconds = int(ns) // 1_000_000_000
+    return dt.datetime.fromtimestamp(seconds, tz=dt.UTC).strftime("%H:%M:%S")
+
+
+def duration(seconds: float) -> str:
+    return format_duration(max(0.0, float(seconds)))
+
+
+def stall_span(stall: dict[str, Any], strong=lambda text: text) -> str:
+    """When and how far a stall held the low watermark back, in words (``strong`` marks the
+    words "still does" for the page that renders markup)."""
+    since = clock(stall["since_ns"])
+    if stall["ongoing"]:
+        return (f"since {since} and {strong('still does')}: the low watermark is "
+                f"{duration(stall['max_lag_s'])} behind.")
+    until = clock(stall["until_ns"] if stall["until_ns"] is not None else stall["last_ns"])
+    return (f"from {since} to {until}, up to {duration(stall['max_lag_s'])} behind; "
+            f"it recovered at {until}.")

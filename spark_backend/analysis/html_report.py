@@ -18,6 +18,7 @@ import plotly.graph_objects as go
 from ..model.timestamps import format_duration, format_ns
 from . import dag_layout, figures, stalls
 from .dag import edges, partitions
+from .display import clock, stall_span
 from .report import anomalies, summary
 
 _CSS = """
@@ -31,26 +32,12 @@ th { background: #f1f3f4; } .tiles { display: flex; gap: 2em; margin: 1em 0; }
 """
 
 
-def _clock(ns: int | None) -> str:
-    if ns is None:
-        return "-"
-    return dt.datetime.fromtimestamp(int(ns) // 1_000_000_000, tz=dt.UTC).strftime("%H:%M:%S")
-
-
 def stall_text(stall: dict[str, Any] | None, threshold_s: float) -> str:
     """The worst stall in one plain sentence (no markup)."""
     if stall is None:
         return (f"No stall: no partition held the low watermark more than {threshold_s:g}s "
                 "behind in this range.")
-    since = _clock(stall["since_ns"])
-    if stall["ongoing"]:
-        tail = (f"since {since} and still does: the low watermark is "
-                f"{format_duration(stall['max_lag_s'])} behind.")
-    else:
-        until = _clock(stall["until_ns"] if stall["until_ns"] is not None
-                       else stall["last_ns"])
-        tail = (f"from {since} to {until}, up to {format_duration(stall['max_lag_s'])} behind; "
-                f"it recovered at {until}.")
+    tail = stall_span(stall)
     return (f"Worst stall: partition {stall['partition']} went silent and held the low "
             f"watermark back {tail}")
 
@@ -99,7 +86,7 @@ def build_html(con: duckdb.DuckDBPyConnection, stream: str, stall_after_s: float
         fig.update_layout(template="plotly_white")
     found_anomalies = pd.DataFrame(anomalies(con, stream, stall_after_s))
     now_text = ("No progress marks." if now is None else
-                f"Now ({_clock(now['t_ns'])}): the low watermark is {_clock(now['low_ns'])}, "
+                f"Now ({clock(now['t_ns'])}): the low watermark is {clock(now['low_ns'])}, "
                 f"{format_duration(now['lag_s'])} behind, held by partition {now['holder']}.")
     stall_table = (pd.DataFrame([{
         "partition": s["partition"], "from": format_ns(s["since_ns"]),
