@@ -36,9 +36,11 @@ Surprises found on the emulator (documented here, mirrored or deliberately not):
 * a split is announced as ONE child partitions record listing all children;
 * the emulator's resume token is a constant dummy; this server's tokens are real positions.
 
-Streaming: metadata only in the first PartialResultSet, a few rows per response, a resume token on
-every response, and chunked values (``chunked_value=true``): every long value (over
-``max_chunk_chars``) and, deterministically, every 7th value is split across responses, so the
+Streaming: metadata only in the first PartialResultSet; rows packed several to a response the way
+a read of the past comes back (the emulator returns a finished span in one response): the count
+cycles 1..``rows_per_response`` (64) so readers meet every packing; a resume token on every
+response; chunked values (``chunked_value=true``): every long value (over ``max_chunk_chars``)
+and, deterministically, every ``chunk_every``-th value (61) is split across responses, so the
 client's chunk merging is exercised. A re-sent request with ``resume_token`` resumes right after
 that response.
 
@@ -408,8 +410,9 @@ class DemoServer:
         slow_ms: float = 200.0,
         fail_partition: str | None = None,
         *,
-        rows_per_response: int = 4,
+        rows_per_response: int = 64,
         max_chunk_chars: int = 1024,
+        chunk_every: int = 61,
         max_workers: int = 64,
         port: int = 0,
         remembered_queries: int = 32,
@@ -430,6 +433,7 @@ class DemoServer:
         self.slow_ms = slow_ms
         self.rows_per_response = max(1, rows_per_response)
         self.max_chunk_chars = max(16, max_chunk_chars)
+        self.chunk_every = max(1, chunk_every)
         self._max_workers = max_workers
         self._port = port
         self._server: grpc.Server | None = None
@@ -890,7 +894,8 @@ class DemoServer:
                 value = to_stream_record_value(rec)
             else:
                 value = to_googlesql_value(rec) if googlesql else _js(rec)
-            pieces = _chunks(value, self.max_chunk_chars, force=(i % 7 == 3))
+            pieces = _chunks(value, self.max_chunk_chars,
+                             force=(i % self.chunk_every == 3 % self.chunk_every))
             for j, piece in enumerate(pieces):
                 cur.values.append(_to_pb_value(piece))
                 if j < len(pieces) - 1:
