@@ -31,7 +31,7 @@ class Bootstrap:
     start_ns: int
     end_ns: int
     prepare: Callable[[], str]   # starts Spark and the demo server; returns the server's host
-    pull: Callable[[pulling.PullForm, str], pulling.Outcome]
+    pull: Callable[[pulling.PullForm, str, str], pulling.Outcome]  # (form, host, reader)
     low_watermark: Callable[[], int | None]
     covered_ns: int | None = None
     slices_done: int = 0
@@ -58,8 +58,11 @@ class Bootstrap:
         for end in self.ends():
             self.message = (f"reading the demo world up to {format_ns(end)[11:19]} "
                             f"(slice {self.slices_done + 1} of {len(SLICES_S)})")
+            # The first slice is read in this process (Spark may still be starting: the
+            # first chart does not wait for it); the others by Spark.
+            reader = "here" if self.slices_done == 0 else "spark"
             outcome = self.pull(pulling.PullForm(source="demo", start=format_ns(self.start_ns),
-                                                 end=format_ns(end)), host)
+                                                 end=format_ns(end)), host, reader)
             if not outcome.ok:
                 self.error = outcome.message
                 return
@@ -93,9 +96,10 @@ def make(path: str, cache: Any, lock: Any, prepare: Callable[[], str],
     """A bootstrap of ``path`` (not started)."""
     from spark_backend.analysis import low_watermark
 
-    def pull(form: pulling.PullForm, host: str) -> pulling.Outcome:
+    def pull(form: pulling.PullForm, host: str, reader: str) -> pulling.Outcome:
         with lock:
-            return pulling.pull(cache, form, lambda p: None, prepare=lambda f: host)
+            return pulling.pull(cache, form, lambda p: None, prepare=lambda f: host,
+                                reader=reader)
 
     def low() -> int | None:
         con = cache.cursor()

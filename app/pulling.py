@@ -171,12 +171,14 @@ class Outcome:
 
 
 def pull(cache: Cache, form: PullForm, on_progress: Callable[[Any], None],
-         prepare: Callable[[PullForm], str | None] | None = None) -> Outcome:
+         prepare: Callable[[PullForm], str | None] | None = None,
+         reader: str = "spark") -> Outcome:
     """Run the pull (or import) the form describes; errors come back as sentences.
 
     ``prepare`` runs right before a pull (not an import): it readies what the pull needs (the
     dashboard warms Spark up and keeps a demo server running) and returns the demo server's
-    host for source demo (None: the pull starts its own).
+    host for source demo (None: the pull starts its own). ``reader`` "here": read without
+    Spark (``PullRequest.reader``).
     """
     try:
         if form.source == "files":
@@ -188,7 +190,7 @@ def pull(cache: Cache, form: PullForm, on_progress: Callable[[Any], None],
             return Outcome(True, import_message(res), stream=res.stream)
         from spark_backend.jobs import pull as backend
 
-        request = request_for(form)
+        request = dataclasses.replace(request_for(form), reader=reader)
         if prepare is not None:
             check = getattr(backend, "_validated", None)
             if check is not None:  # bad input fails here, before Spark or a server starts

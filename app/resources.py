@@ -344,13 +344,27 @@ def start_bootstrap(path: str) -> Any:
         servers: list[Any] = []
 
         def prepare() -> str:
+            """The demo server's host, as soon as it can start: Spark starts on its own thread
+            while the world (pure Python) is built; the server's gRPC threads start once the
+            JVM is launched (forking next to them is fragile). The first slice is read in this
+            process while Spark finishes starting; later slices wait for Spark."""
+            import concurrent.futures
+
             from spark_backend.demo.server import DemoServer
             from spark_backend.demo.world import build_world
-            from spark_backend.jobs.pull import PullRequest, start_spark
+            from spark_backend.jobs.pull import PullRequest
+            from spark_backend.spark.session import jvm_launched, spark_session
 
-            start_spark()  # before any gRPC thread: forking next to them is fragile
             defaults = PullRequest(source="demo")
-            server = DemoServer(build_world(defaults.demo_seed, defaults.demo_scale), "googlesql")
+            pool = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="bootstrap")
+            spark = pool.submit(spark_session)
+            world = pool.submit(build_world, defaults.demo_seed, defaults.demo_scale)
+            pool.shutdown(wait=False)
+            while not jvm_launched.wait(0.2):
+                if spark.done():
+                    spark.result()  # Spark failed to start: say so on the page
+                    break
+            server = DemoServer(world.result(), "googlesql")
             servers.append(server)
             return server.start()
 

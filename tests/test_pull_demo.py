@@ -139,6 +139,31 @@ def test_extended_pull_reads_only_the_new_span(spark, tmp_path):
     cache.close()
 
 
+def test_first_slice_read_here_then_spark_equals_ground_truth(spark, tmp_path):
+    """The dashboard's first minute: a first slice read in this process (no Spark job), the
+    rest by Spark into the same stream: the cache holds exactly the world."""
+    world = build_world(scale=SMALL)
+    first_end = world.start + (world.end - world.start) // 6
+    cache = Cache(tmp_path / "here.duckdb")
+    jobs_before = spark.sparkContext.statusTracker().getJobIdsForGroup()
+    first = run_pull(cache, PullRequest(source="demo", demo_scale=SMALL, end=first_end,
+                                        reader="here"))
+    assert first.status == "complete", first.error
+    assert spark.sparkContext.statusTracker().getJobIdsForGroup() == jobs_before
+    assert cached_records(cache, "DemoStream") == truth_records(world, first_end)
+    rest = run_pull(cache, PullRequest(source="demo", demo_scale=SMALL))
+    assert rest.status == "complete", rest.error
+    assert_equals_world(cache, "DemoStream", world, heartbeats=False)
+    cache.close()
+
+
+def test_unknown_reader_is_one_sentence(tmp_path):
+    from spark_backend.model.errors import BadInput
+
+    with Cache(tmp_path / "r.duckdb") as cache, pytest.raises(BadInput, match="accepted are"):
+        run_pull(cache, PullRequest(source="demo", reader="threads"))
+
+
 def test_faults_still_exact(spark, tmp_path):
     """Streams cut mid-partition, latency, a slow partition: still every record once."""
     world = build_world(scale=SMALL)

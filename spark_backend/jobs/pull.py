@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import os
 import time
@@ -38,6 +39,7 @@ from spark_backend.spanner.reader import (
 )
 
 SOURCES = values(Source)
+READERS = ("spark", "here")
 
 
 @dataclass
@@ -62,6 +64,10 @@ class PullRequest:
     max_attempts: int = 6
     threads_per_task: int = 32          # partitions a task reads at once (they mostly wait)
     max_rows_per_task: int = 50_000     # bounds what one task hands to the driver
+    # "spark": Spark's tasks read (the pull). "here": this process reads, without Spark: for a
+    # small span while Spark is still starting (the dashboard's first minute); same reader,
+    # same workflow, same landing.
+    reader: str = "spark"
 
 
 @dataclass
@@ -101,6 +107,9 @@ def _validated(request: PullRequest) -> PullRequest:
             f"Unknown source {request.source!r}; accepted sources are {', '.join(SOURCES)}.",
             field="source",
         )
+    if request.reader not in READERS:
+        raise BadInput(f"Unknown reader {request.reader!r}; accepted are {', '.join(READERS)}.",
+                       field="source")
     if request.dialect is not None:
         validate_dialect(request.dialect)
     validate_heartbeat(request.heartbeat_ms)
@@ -142,8 +151,8 @@ def _open_source(request: PullRequest) -> Iterator[_Source]:
         from spark_backend.demo.world import DEMO_STREAM, build_world
 
         server = None
-        if request.demo_host:
-            world = build_world(seed=request.demo_seed, scale=request.demo_scale)
+        if request.demo_host:  # the dashboard's server: only the world's bounds are needed
+            world = _demo_world(request.demo_seed, request.demo_scale)
             host = request.demo_host
         elif not request.demo_faults and request.demo_scale <= 1.0:
             # Kept for the process: the next pull of the same world skips building and
@@ -195,17 +204,25 @@ def _open_source(request: PullRequest) -> Iterator[_Source]:
 _demo_servers: dict[tuple, tuple[Any, Any]] = {}
 
 
+@functools.lru_cache(maxsize=2)
+def _demo_world(seed: int, scale: float) -> Any:
+    """The demo world, built once per process (a second each time otherwise: the dashboard's
+    first minute pulls it slice by slice)."""
+    from spark_backend.demo.world import build_world
+
+    return build_world(seed=seed, scale=scale)
+
+
 def _warm_demo(seed: int, scale: float, dialect: str) -> tuple[Any, str]:
     """A demo server for this process, one per (seed, scale, dialect), remembering every
     encoded query; stopped when the process exits."""
     import atexit
 
     from spark_backend.demo.server import DemoServer
-    from spark_backend.demo.world import build_world
 
     key = (seed, scale, dialect)
     if key not in _demo_servers:
-        world = build_world(seed=seed, scale=scale)
+        world = _demo_world(seed, scale)
         server = DemoServer(world, dialect=dialect,
                             remembered_queries=2 * len(world.partitions) + 8)
         server.start()
@@ -410,6 +427,41 @@ def _read_all(spark, cache, stream, pull_id, src, request, parts, end_ns, report
     return failures
 
 
+def _read_here(spark, cache, stream, pull_id, src, request, parts, end_ns, report,
+               result) -> list[tuple[str, str]]:
+    """``_read_all`` without Spark: this process reads ``parts`` and what they lead to with
+    the tasks' own workflow (``threads_per_task`` at a time) and lands the rows as they come,
+    50k at a time, in one transaction per round; a merge whose parents finished in an earlier
+    pull is read in the next round. For small spans only: one process, no row budget."""
+    from spark_backend.cache.ingest import ingest_stream
+    from spark_backend.model.records import batched
+    from spark_backend.spanner.workflow import read_partitions
+
+    database = open_database(src.target)
+    failures: list[tuple[str, str]] = []
+    while parts:
+        result.waves += 1
+        wave = _Wave(result.waves)
+        report(PullProgress(wave.number, result.partitions_read, cache.partition_count(stream),
+                            result.records, f"reading {len(parts)} partitions in this process"))
+        rows = read_partitions(database, request.dialect, src.source_stream, parts, end_ns,
+                               request.heartbeat_ms, threads=request.threads_per_task,
+                               max_attempts=request.max_attempts)
+        ingest_stream(cache, stream, pull_id, (to_arrow_batch(b) for b in batched(rows, 4096)),
+                      on_chunk=wave.count,
+                      extra_sql=lambda w=wave: [("UPDATE pulls SET records = records + ?, "
+                                                 "waves = ? WHERE pull_id = ?",
+                                                 [w.records, result.waves, pull_id])])
+        result.records += wave.records
+        result.partitions_read += wave.ended
+        failures += wave.failed
+        report(PullProgress(wave.number, result.partitions_read, cache.partition_count(stream),
+                            result.records, "landed"))
+        failed = {token for token, _ in failures}
+        parts = [p for p in cache.frontier(stream, end_ns) if p[0] not in failed]
+    return failures
+
+
 def _record_kinds():
     import pyarrow as pa
 
@@ -439,7 +491,8 @@ def run_pull(
     from spark_backend.spark.session import spark_session
 
     # Start the JVM before any gRPC channel exists: forking next to gRPC threads is fragile.
-    spark = spark_session(request.spark_master, request.spark_remote)
+    spark = (spark_session(request.spark_master, request.spark_remote)
+             if request.reader == "spark" else None)
     with _open_source(request) as src:
         src, request, dialect_error = _settle_dialect(src, request)
         stream = request.stream or src.source_stream
@@ -535,8 +588,8 @@ def _run_waves(
     if not parts and has_partitions:
         result.status = "nothing-to-do"
         return
-    failures = _read_all(spark, cache, stream, pull_id, src, request, parts, end_ns, report,
-                         result)
+    read = _read_all if spark is not None else _read_here
+    failures = read(spark, cache, stream, pull_id, src, request, parts, end_ns, report, result)
     if failures:
         raise PullFailed(_failure_message(failures, cache.partition_states(stream)),
                          partition=failures[0][0])

@@ -28,6 +28,10 @@ _registered: set[int] = set()
 _warm: set[int] = set()
 _log_path: Path | None = None
 
+# Set once this process has launched its JVM (or uses one it did not launch): from then on
+# gRPC threads may start without a fork of this process next to them.
+jvm_launched = threading.Event()
+
 LOG_ENVVAR = "CSI_SPARK_LOG"  # where Spark's own output goes (default: under the cache folder)
 _REMOTE_RE = checks.SPARK_REMOTE_RE
 
@@ -99,6 +103,7 @@ def spark_session(master: str | None = None, remote: str | None = None):
             spark = _connect_session(remote)
         else:
             spark = _classic_session(validate_master(master))
+        jvm_launched.set()
         if id(spark) not in _registered:
             from spark_backend.spark.datasource import (
                 ChangeFilesDataSource,
@@ -163,6 +168,7 @@ def _classic_session(master: str):
     sc = None
     try:
         gateway = launch_gateway(conf, popen_kwargs={"stdout": log, "stderr": log})
+        jvm_launched.set()
         sc = SparkContext(gateway=gateway, conf=conf)
         sc.setLogLevel("WARN")
         return SparkSession(sc)
