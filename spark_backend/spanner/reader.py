@@ -177,6 +177,8 @@ def _value_decoder(type_pb):
         return array
     if code == 9:  # STRUCT
         fields = [(f.name, _value_decoder(_field_type(f))) for f in type_pb.struct_type.fields]
+        fields = [(name, _same_value_once(dec) if name in _REPEATED_FIELDS else dec)
+                  for name, dec in fields]
 
         def struct(v):
             if v.WhichOneof("kind") != "list_value":
@@ -190,6 +192,27 @@ def _value_decoder(type_pb):
         return lambda v: v.number_value if v.WhichOneof("kind") == "number_value" else (
             v.string_value or None)
     return lambda v: v.string_value if v.WhichOneof("kind") == "string_value" else None
+
+
+# Fields whose value repeats from record to record (every record of a table carries the same
+# column types): decoded once per distinct value.
+_REPEATED_FIELDS = frozenset({"column_types"})
+
+
+def _same_value_once(decode):
+    """``decode``, remembered by the value's wire bytes (a C call instead of decoding a list
+    of structs again). The result is shared between records: read it, never change it."""
+    seen: dict[bytes, Any] = {}
+
+    def remembered(v):
+        key = v.SerializeToString()
+        out = seen.get(key)
+        if out is None:
+            out = decode(v)
+            if len(seen) < 1024:
+                seen[key] = out
+        return out
+    return remembered
 
 
 def stream_mode(fields_pb) -> PartitionMode:
