@@ -176,7 +176,8 @@ def pull(cache: Cache, form: PullForm, on_progress: Callable[[Any], None],
 
     ``prepare`` runs right before a pull (not an import): it readies what the pull needs (the
     dashboard warms Spark up and keeps a demo server running) and returns the demo server's
-    host for source demo (None: the pull starts its own).
+    host for source demo, or a running emulator's for source emulator (None: the pull starts
+    its own).
     """
     try:
         if form.source == "files":
@@ -196,6 +197,7 @@ def pull(cache: Cache, form: PullForm, on_progress: Callable[[Any], None],
             on_progress("starting Spark and the source…")
             host = prepare(form)
             request.demo_host = host if form.source == "demo" else None
+            request.emulator_host = host if form.source == "emulator" else None
         res = backend.run_pull(cache, request, on_progress)
     except (InspectorError, ValueError) as e:  # ValueError: a contract's own validation
         return Outcome(False, str(e), error_field(e, form))
