@@ -61,6 +61,9 @@ class LiveRunner:
 
     def tick(self) -> pulling.Outcome:
         """One refresh: pull what happened since the last one."""
+        early = (self.first_ns - self.world.end) / 1e9  # a live emulator reads up to 1 s ago
+        if early > 0:
+            self._stop.wait(early + 0.01)
         outcome = self.pull(self.form(), lambda p: None)
         self.ticks += 1
         self.last, self.last_ok, self.last_at = outcome.message, outcome.ok, time.time()
