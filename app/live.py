@@ -1,9 +1,10 @@
-"""Live streams: the live demo world served and pulled on a timer, and what the pages say.
+"""Live streams: a live source pulled on a timer, and what the pages say.
 
 A :class:`LiveRunner` (one per live stream, for the whole server process) keeps ONE source
-across ticks: the live demo world's server stays up, and every tick pulls from the stream's
-start to now into the cache, which reads only the new span (open partitions continue where they
-were read to). Ticks run on a background thread, so pages only re-read the cache
+across ticks: the live demo world's server, or a local Cloud Spanner emulator with its workload
+running (``demo.emulator.LiveEmulator``), stays up, and every tick pulls from the stream's
+start to now through it into the cache, which reads only the new span (open partitions continue
+where they were read to). Ticks run on a background thread, so pages only re-read the cache
 (``st.fragment(run_every=...)``); one pull at a time per cache file (``resources.pull_lock``).
 """
 
@@ -20,18 +21,25 @@ from spark_backend.model.timestamps import format_ns
 from . import pulling
 
 LIVE_PREFIX = "LiveDemo_"
+LIVE_EMULATOR_PREFIX = "LiveEmulator_"
 DEFAULT_EVERY_S = 5.0
+_FINISHED = {
+    "demo": "The live demo world has played its hour; start a new one to watch again.",
+    "emulator": "The live emulator is gone (stopped or exited); start a new one to watch again.",
+}
 
 
 @dataclass
 class LiveRunner:
-    """A live demo stream being pulled on a timer into one cache file."""
+    """A live stream being pulled on a timer into one cache file."""
 
     path: str
     stream: str
-    world: Any                   # spark_backend.demo.live.LiveWorld
-    server: Any                  # spark_backend.demo.server.DemoServer serving it
+    world: Any                   # demo.live.LiveWorld, or demo.emulator.LiveEmulator
+    server: Any                  # what serves it and stops: DemoServer, or the LiveEmulator
     pull: Callable[[pulling.PullForm, Callable[[Any], None]], pulling.Outcome]
+    source: str = "demo"         # the pull's source: demo | emulator
+    heartbeat_ms: int = 2000
     every_s: float = DEFAULT_EVERY_S
     history_s: float = 90.0      # the first pull reads this much of the past (then only news)
     ticks: int = 0
@@ -47,12 +55,15 @@ class LiveRunner:
         self.first_ns -= self.first_ns % 1000
 
     def form(self) -> pulling.PullForm:
-        return pulling.PullForm(source="demo", stream=self.stream,
+        return pulling.PullForm(source=self.source, stream=self.stream,
                                 start=format_ns(self.first_ns),
-                                end=format_ns(self.world.end), heartbeat_ms=2000)
+                                end=format_ns(self.world.end), heartbeat_ms=self.heartbeat_ms)
 
     def tick(self) -> pulling.Outcome:
         """One refresh: pull what happened since the last one."""
+        early = (self.first_ns - self.world.end) / 1e9  # a live emulator reads up to 1 s ago
+        if early > 0:
+            self._stop.wait(early + 0.01)
         outcome = self.pull(self.form(), lambda p: None)
         self.ticks += 1
         self.last, self.last_ok, self.last_at = outcome.message, outcome.ok, time.time()
@@ -71,8 +82,7 @@ class LiveRunner:
             except Exception as e:  # keep the loop alive; the page shows the sentence
                 self.last, self.last_ok = f"The refresh failed: {str(e).splitlines()[0]}", False
             if self.world.finished:
-                self.last = ("The live demo world has played its hour; start a new one to "
-                             "watch again.")
+                self.last = _FINISHED.get(self.source, "The live source has finished.")
                 break
             self._stop.wait(max(0.5, self.every_s - (time.monotonic() - began)))
 
@@ -95,17 +105,21 @@ class LiveRunner:
                 f"last{ago}: {self.last}")
 
 
-def new_stream_name(now_ns: int) -> str:
-    """LiveDemo_HHMMSS (UTC): each live world is a stream of its own (its times differ)."""
-    return LIVE_PREFIX + format_ns(now_ns)[11:19].replace(":", "")
+def new_stream_name(now_ns: int, prefix: str = LIVE_PREFIX) -> str:
+    """LiveDemo_HHMMSS (UTC): each live world is a stream of its own (its times differ); a live
+    emulator's is LiveEmulator_HHMMSS."""
+    return prefix + format_ns(now_ns)[11:19].replace(":", "")
 
 
 def refusal(info: dict[str, Any]) -> str | None:
     """Why a cached stream cannot be refreshed here (one sentence), None when it can."""
     source = info.get("source")
+    if source == "emulator" and str(info.get("stream", "")).startswith(LIVE_EMULATOR_PREFIX):
+        return ("This live emulator stream is refreshed through its own emulator while it runs "
+                "(see Live emulator above); once stopped it stays as recorded.")
     if source == "emulator":
         return ("This stream came from a local emulator that its pull started and stopped; "
-                "nothing is left to refresh. Pull the emulator source again into a new stream.")
+                "nothing is left to refresh. Start the live emulator above to watch one live.")
     if source == "demo" and str(info.get("stream", "")).startswith(LIVE_PREFIX):
         return ("This live demo stream is refreshed by its own live world while it runs (see "
                 "Live demo above); once stopped it stays as recorded.")
@@ -113,7 +127,8 @@ def refusal(info: dict[str, Any]) -> str | None:
         return ("The recorded demo world is a fixed hour: there is nothing new to read. Start "
                 "the live demo instead.")
     if source not in ("spanner",):
-        return "Only streams pulled from Cloud Spanner (or the live demo) can be refreshed."
+        return ("Only streams pulled from Cloud Spanner (or the live demo and the live emulator) "
+                "can be refreshed.")
     return None
 
 

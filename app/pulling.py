@@ -177,8 +177,8 @@ def pull(cache: Cache, form: PullForm, on_progress: Callable[[Any], None],
 
     ``prepare`` runs right before a pull (not an import): it readies what the pull needs (the
     dashboard warms Spark up and keeps a demo server running) and returns the demo server's
-    host for source demo (None: the pull starts its own). ``reader`` "here": read without
-    Spark (``PullRequest.reader``).
+    host for source demo, or a running emulator's for source emulator (None: the pull starts
+    its own). ``reader`` "here": read without Spark (``PullRequest.reader``).
     """
     try:
         if form.source == "files":
@@ -198,6 +198,7 @@ def pull(cache: Cache, form: PullForm, on_progress: Callable[[Any], None],
             on_progress("starting Spark and the source…")
             host = prepare(form)
             request.demo_host = host if form.source == "demo" else None
+            request.emulator_host = host if form.source == "emulator" else None
         res = backend.run_pull(cache, request, on_progress)
     except (InspectorError, ValueError) as e:  # ValueError: a contract's own validation
         return Outcome(False, str(e), error_field(e, form))

@@ -315,6 +315,37 @@ def start_live_demo(path: str) -> Any:
     return runner
 
 
+def start_live_emulator(path: str, churn_seconds: int = 5) -> Any:
+    """Start a local Cloud Spanner emulator (partitions split and merge every
+    ``churn_seconds`` to twice that) with its bank workload, pulled into ``path`` on a timer through
+    that same emulator; returns its runner. Errors come back as one sentence
+    (``InspectorError``)."""
+    from spark_backend.demo import emulator
+    from spark_backend.model.errors import SourceError
+
+    from . import live, pulling
+
+    warm_spark()  # before any gRPC thread exists: forking next to them is fragile
+    try:
+        source = emulator.start_live_emulator(churn_seconds=churn_seconds)
+    except emulator.EmulatorNotInstalled as e:
+        raise SourceError(str(e)) from e
+    except Exception as e:  # the emulator did not start, or provisioning failed
+        first = (str(e).splitlines() or [type(e).__name__])[0]
+        raise SourceError(f"The Cloud Spanner emulator did not start: {first}") from e
+    cache, lock = open_cache(path), pull_lock(path)
+
+    def pull(form: Any, progress: Any) -> Any:
+        with lock:
+            return pulling.pull(cache, form, progress, prepare=lambda f: source.host)
+
+    runner = live.LiveRunner(path, live.new_stream_name(source.now, live.LIVE_EMULATOR_PREFIX),
+                             source, source, pull, source="emulator", heartbeat_ms=1000)
+    live_runners()[runner.stream] = runner
+    runner.start()
+    return runner
+
+
 def live_runner(stream: str | None) -> Any:
     return live_runners().get(stream) if stream else None
 

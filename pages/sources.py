@@ -10,6 +10,7 @@ from app import live, nav, pulling, resources, samples, state, widgets
 from app.formatting import ns_column
 from app.safe import md
 from spark_backend.model import config
+from spark_backend.model.errors import InspectorError
 
 c = state.ctx()
 widgets.walkthrough_banner("sources")
@@ -125,7 +126,8 @@ runners = resources.live_runners()
 running = [r for r in runners.values() if r.running]
 l1, l2 = st.columns([1, 3])
 if l1.button("Start the live demo", key="live_start", type="primary",
-             disabled=bool(st.session_state.get("cache_error")) or bool(running)):
+             disabled=bool(st.session_state.get("cache_error"))
+             or any(r.source == "demo" for r in running)):
     with st.spinner("Starting the live world and its first pull…"):
         runner = resources.start_live_demo(c.path)
         for _ in range(240):  # the first pull lands the stream; then the Overview follows it
@@ -135,8 +137,41 @@ if l1.button("Start the live demo", key="live_start", type="primary",
     state.choose_stream(runner.stream)
     st.switch_page(nav.page("overview"), query_params={"stream": runner.stream})
 for r in running:
-    if l2.button(md(f"Stop {r.stream}"), key=f"live_stop_{r.stream}"):
+    if r.source == "demo" and l2.button(md(f"Stop {r.stream}"), key=f"live_stop_{r.stream}"):
         r.stop()
+        st.rerun()
+
+st.subheader("Live emulator")
+st.caption("A local Cloud Spanner emulator, started here and kept running with a bank-transfer "
+           "workload; its change stream partitions split and merge every 5 to 10 s. Every 5 s "
+           "the stream is pulled from where it was read to up to a second ago, through the same "
+           "emulator (only the new span is read); the Overview follows it live. Stop ends the "
+           "refreshes, the workload and the emulator; the stream stays cached.")
+e1, e2 = st.columns([1, 3])
+if e1.button("Start the live emulator", key="live_emu_start",
+             disabled=bool(st.session_state.get("cache_error"))
+             or any(r.source == "emulator" for r in running)):
+    st.session_state.pop("live_emu_error", None)
+    with st.spinner("Starting the emulator, its workload and the first pull…"):
+        try:
+            runner = resources.start_live_emulator(c.path)
+        except InspectorError as e:
+            runner = None
+            st.session_state["live_emu_error"] = str(e)
+        for _ in range(240 if runner is not None else 0):
+            if runner.ticks or not runner.running:
+                break
+            time.sleep(0.5)
+    if runner is None:
+        st.rerun()
+    state.choose_stream(runner.stream)
+    st.switch_page(nav.page("overview"), query_params={"stream": runner.stream})
+if st.session_state.get("live_emu_error"):
+    st.error(md(st.session_state["live_emu_error"]))
+for r in running:
+    if r.source == "emulator" and e2.button(md(f"Stop {r.stream}"), key=f"live_stop_{r.stream}"):
+        with st.spinner("Stopping the refreshes, the workload and the emulator…"):
+            r.stop()
         st.rerun()
 for r in runners.values():
     st.text(r.status())

@@ -499,3 +499,52 @@ def test_live_demo_advances(page, server):
     _settle(page)
     page.get_by_role("button", name="Stop LiveDemo").first.click()
     _settle(page)
+
+
+# --- the live emulator starts from the Sources page and stops from it -------------------------
+
+
+def _emulators_of(url: str) -> list[int]:
+    """Pids of the emulators the dashboard serving ``url`` started (its children)."""
+    port = urllib.parse.urlparse(url).port
+    pids = {int(p) for p in os.listdir("/proc") if p.isdigit()}
+
+    def cmdline(pid: int) -> str:
+        try:
+            return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            return ""
+
+    def parent(pid: int) -> int | None:
+        try:
+            return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            return None
+
+    dashboard = {p for p in pids if "streamlit" in cmdline(p) and f"{port}" in cmdline(p)}
+    return [p for p in pids if parent(p) in dashboard and "emulator_main" in cmdline(p)]
+
+
+def test_live_emulator_starts_and_stops(page, server):
+    from tests.conftest import require_emulator
+
+    require_emulator()
+    page.goto(f"{server}/sources")
+    page.wait_for_selector("h1")
+    _settle(page)
+    page.get_by_role("button", name="Start the live emulator").click()
+    page.wait_for_url("**/?stream=LiveEmulator_*", timeout=240_000)
+    page.wait_for_selector('[data-testid="stPlotlyChart"] .main-svg')
+    main = page.locator('[data-testid="stMain"]')
+    assert "LiveEmulator_" in main.inner_text() and " is live: " in main.inner_text()
+    assert len(_emulators_of(server)) == 1, "one emulator runs for the live stream"
+    page.goto(f"{server}/sources")
+    page.wait_for_selector("h1")
+    _settle(page)
+    page.get_by_role("button", name="Stop LiveEmulator").first.click()
+    page.wait_for_function(
+        "() => document.querySelector('[data-testid=\"stMain\"]').innerText"
+        ".includes(' is stopped: ')", timeout=180_000)
+    _settle(page)
+    assert _emulators_of(server) == [], "Stop ends the emulator"
+    assert page.get_by_role("button", name="Start the live emulator").is_enabled()

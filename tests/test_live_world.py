@@ -99,3 +99,32 @@ def test_served_by_the_demo_server(world):
         assert server.start()
     finally:
         server.stop()
+
+
+def test_times_in_mod_values_are_live_times_too(world):
+    lw, clock = live(world)
+    clock.now = lw.ends_at
+    recorded_start, recorded_end = world.start, world.end
+    seen = 0
+    for part in world.partitions[:40]:
+        start = lw.start if not part.parents else lw.wall(part.start)
+        for row in lw.query(part.token, start, None, 10_000):
+            rec = row.get("data_change_record")
+            if rec is None:
+                continue
+            commit = parse_ts(rec["commit_timestamp"])
+            for mod in rec["mods"]:
+                for values in (mod["new_values"], mod["old_values"]):
+                    for name, value in values.items():
+                        if name not in ("LastUpdate", "UpdatedAt", "CreatedAt", "At"):
+                            continue
+                        ts = parse_ts(value)
+                        seen += 1
+                        # No recorded time is left: every time is on the live clock, none
+                        # after the commit that wrote it.
+                        assert not recorded_start <= ts <= recorded_end, (name, value)
+                        assert ts <= commit
+                        if mod is rec["mods"][0] and values is mod["new_values"] \
+                                and rec["mod_type"] == "INSERT" and name in ("CreatedAt", "At"):
+                            assert ts == commit
+    assert seen > 100

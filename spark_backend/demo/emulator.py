@@ -246,6 +246,8 @@ class EmulatorProcess:
         _LIVE.discard(self)
         if proc is not None:
             _terminate_group(proc)
+            if self.port is not None:
+                connect.forget(self.host)
         if log is not None:
             with contextlib.suppress(Exception):
                 log.close()
@@ -785,3 +787,74 @@ def start_emulator_world(
 
 # --------------------------------------------------------------------------------------------
 # raw change stream query (diagnostics and tests; the pull path lives elsewhere)
+
+
+# --------------------------------------------------------------------------------------------
+# a live stream: one emulator and its workload kept running while the dashboard refreshes
+
+
+LIVE_LAG_S = 1.0  # a refresh reads up to a second ago: every commit before it is visible
+
+
+class LiveEmulator:
+    """An emulator world with its workload running until :meth:`stop`, for a live stream.
+
+    What ``app.live.LiveRunner`` uses of a live source: ``host``, ``start`` (the earliest
+    readable time, UTC ns), ``now``, ``end`` (what a refresh may read up to: now less
+    :data:`LIVE_LAG_S`, whole microseconds), ``finished`` and ``stop()`` (the workload, then the
+    emulator and its process group).
+    """
+
+    def __init__(self, world: EmulatorWorld, workload: Workload) -> None:
+        self.world, self.workload = world, workload
+        self.stream = world.stream
+        self.start = int(world.created_at.timestamp() * 1e6) * 1000
+
+    @property
+    def host(self) -> str:
+        return self.world.host
+
+    @property
+    def address(self) -> str:
+        return self.world.host
+
+    @property
+    def now(self) -> int:
+        return time.time_ns()
+
+    @property
+    def end(self) -> int:
+        return (self.now - int(LIVE_LAG_S * 1e9)) // 1000 * 1000
+
+    @property
+    def finished(self) -> bool:
+        """The emulator is gone (stopped, or it died)."""
+        return not self.world.process.running
+
+    @property
+    def pid(self) -> int | None:
+        return self.world.process.pid
+
+    def stop(self) -> None:
+        try:
+            self.workload.stop()
+        finally:
+            self.world.stop()
+
+
+def start_live_emulator(
+    *,
+    dialect: Dialect = "googlesql",
+    churn_seconds: int = 5,
+    rate_per_s: float = 5.0,
+    seed: int = 7,
+) -> LiveEmulator:
+    """Start an emulator (partitions split and merge every ``churn_seconds`` to twice that), the
+    bank database and its workload; everything is stopped again when a step fails."""
+    world = start_emulator_world(dialect=dialect, churn_seconds=churn_seconds)
+    try:
+        workload = world.workload(seed=seed, rate_per_s=rate_per_s).start()
+    except BaseException:
+        world.stop()
+        raise
+    return LiveEmulator(world, workload)

@@ -135,10 +135,19 @@ class LiveWorld:
             raise QueryError(e.code, self._message(e.message)) from None
         return (self._to_wall(row) for row in rows)
 
+    def _wall_values(self, values: dict) -> dict:
+        """A mod's keys or values with every value holding a time on the wall clock too (the
+        same mapping as the commit timestamps: a row's ``LastUpdate`` written by a transaction
+        equals its record's commit timestamp, live as recorded)."""
+        return {name: self._wall_text(v) if isinstance(v, str) and _TS.fullmatch(v) else v
+                for name, v in values.items()}
+
     def _to_wall(self, row: dict) -> dict:
         if "data_change_record" in row:
             rec = row["data_change_record"]
             rec["commit_timestamp"] = self._wall_text(rec["commit_timestamp"])
+            rec["mods"] = [{part: self._wall_values(values) for part, values in mod.items()}
+                           for mod in rec["mods"]]
         elif "heartbeat_record" in row:
             rec = row["heartbeat_record"]
             rec["timestamp"] = self._wall_text(rec["timestamp"])

@@ -507,6 +507,10 @@ class DemoServer:
         server, self._server = self._server, None
         if server is not None:
             server.stop(grace).wait()
+            if self._address:
+                from spark_backend.spanner import connect
+
+                connect.forget(self._address)
 
     def __enter__(self) -> DemoServer:
         self.start()

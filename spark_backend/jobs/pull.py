@@ -60,6 +60,7 @@ class PullRequest:
     demo_scale: float = 1.0
     demo_faults: dict[str, Any] = field(default_factory=dict)
     demo_host: str | None = None         # an already running demo server (the dashboard's)
+    emulator_host: str | None = None     # an already running, provisioned emulator (ditto)
     emulator_seconds: float = 20.0
     max_attempts: int = 6
     threads_per_task: int = 32          # partitions a task reads at once (they mostly wait)
@@ -177,6 +178,14 @@ def _open_source(request: PullRequest) -> Iterator[_Source]:
     if request.source == "emulator":
         from spark_backend.demo import emulator
 
+        if request.emulator_host:  # the dashboard's live emulator: read it, leave it running
+            target = SpannerTarget(request.project or emulator.DEFAULT_PROJECT,
+                                   request.instance or emulator.DEFAULT_INSTANCE,
+                                   request.database or emulator.DEFAULT_DATABASE,
+                                   request.dialect, request.emulator_host)
+            yield _Source(target, request.source_stream or emulator.DEFAULT_STREAM, None, None,
+                          f"local emulator at {request.emulator_host}: {target.path}")
+            return
         try:
             world = emulator.start_emulator_world(dialect=request.dialect or "googlesql",
                                                   churn_seconds=2)

@@ -63,6 +63,7 @@ def make_client(project: str, host: str | None = None) -> Any:
     else Cloud Spanner with Application Default Credentials."""
     from google.cloud import spanner
 
+    USAGE["clients"] += 1
     host = host or os.environ.get(config.EMULATOR_HOST_ENVVAR) or None
     if not host:
         try:
@@ -157,14 +158,48 @@ def database_dialect_enum(dialect: str | None) -> Any:
 
 
 def open_database(target: SpannerTarget) -> Any:
-    """A google-cloud-spanner ``Database`` for the target."""
-    client = make_client(target.project, target.host)
-    instance = client.instance(target.instance)
-    database = instance.database(target.database,
-                                 database_dialect=database_dialect_enum(target.dialect))
-    _ENDPOINTS[target.path] = (target.host or os.environ.get(config.EMULATOR_HOST_ENVVAR)
-                               or CLOUD_ENDPOINT)
+    """The google-cloud-spanner ``Database`` for the target, one per target for the process.
+
+    A live stream's refresh opens the same target tick after tick (the driver, and every Spark
+    task in a reused Python worker): it gets the same ``Database`` on the same ``Client`` (one
+    channel, credentials refreshed by the client itself) instead of a new client each time.
+    Keyed by the target and the endpoint it resolves to now (``host``, else
+    ``$SPANNER_EMULATOR_HOST``, else Cloud Spanner); :func:`forget` drops an endpoint's.
+    """
+    endpoint = target.host or os.environ.get(config.EMULATOR_HOST_ENVVAR) or None
+    key = (target, endpoint)
+    with _open_lock:
+        USAGE["open_database"] += 1
+        database = _DATABASES.get(key)
+        if database is None:
+            client = _CLIENTS.get((target.project, endpoint))
+            if client is None:
+                client = make_client(target.project, endpoint)
+                _CLIENTS[(target.project, endpoint)] = client
+            instance = client.instance(target.instance)
+            database = instance.database(target.database,
+                                         database_dialect=database_dialect_enum(target.dialect))
+            _DATABASES[key] = database
+    _ENDPOINTS[target.path] = endpoint or CLOUD_ENDPOINT
     return database
+
+
+# What this process opened, for as long as it runs: (target, endpoint) -> Database and
+# (project, endpoint) -> Client. USAGE counts calls and clients made (the tests read it).
+_DATABASES: dict[tuple[SpannerTarget, str | None], Any] = {}
+_CLIENTS: dict[tuple[str, str | None], Any] = {}
+_open_lock = threading.Lock()
+USAGE = {"open_database": 0, "clients": 0}
+
+
+def forget(endpoint: str) -> None:
+    """Drop the clients and databases opened on a local ``endpoint`` (host:port) that stopped:
+    a later server on the same port is another database."""
+    with _open_lock:
+        for key in [k for k in _DATABASES if k[1] == endpoint]:
+            del _DATABASES[key]
+        for key in [k for k in _CLIENTS if k[1] == endpoint]:
+            del _CLIENTS[key]
 
 
 CLOUD_ENDPOINT = "spanner.googleapis.com"
