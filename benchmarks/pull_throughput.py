@@ -16,8 +16,10 @@ the server is measured, not assumed, not to be the bottleneck. In the same run:
   after another (the initial query, then each partition after all of its parents) times the
   latency. No reader of this server can be faster.
 
-Peak memory is the peak resident set of the pulling process and all its children (the JVM and
-Spark's Python workers), sampled every 0.2 s. ``--demo`` also times the embedded demo world
+Peak memory is sampled every 0.2 s over the pulling process and all its children (the JVM and
+Spark's Python workers), as the sum of their resident sets (pages shared by forked workers counted
+in each) and as their proportional set size (PSS: shared pages divided among their sharers, the
+memory the tree really takes). ``--demo`` also times the embedded demo world
 (28k rows, its own in-process server, no latency) with Spark warm.
 
     python benchmarks/pull_throughput.py --records 100000 1000000 --latency-ms 20 2 --cluster
@@ -78,16 +80,43 @@ def tree_usage(pid: int) -> tuple[int, float]:
     return rss, cpu
 
 
+def _pss_kb(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def tree_pss(pid: int) -> int:
+    """Proportional set size (kB) of a process and its descendants: shared pages (forked
+    Python workers, libraries) counted once in all, unlike a sum of RSS."""
+    children, _ = _proc_table()
+    total, todo = 0, [pid]
+    while todo:
+        p = todo.pop()
+        total += _pss_kb(p)
+        todo.extend(children.get(p, []))
+    return total
+
+
 class PeakMemory:
+    """Peak RSS sum and peak PSS of a process tree, sampled every 0.2 s."""
+
     def __init__(self, pid: int | None = None):
         self.pid = pid or os.getpid()
         self.peak_kb = 0
+        self.peak_pss_kb = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self):
         while not self._stop.is_set():
             self.peak_kb = max(self.peak_kb, tree_usage(self.pid)[0])
+            self.peak_pss_kb = max(self.peak_pss_kb, tree_pss(self.pid))
             self._stop.wait(0.2)
 
     def __enter__(self):
@@ -273,6 +302,7 @@ def _side(args) -> None:
             out = run_project(args.host, args.dialect, args.stream, args.start, args.end,
                               args.master, args.repeat)
     out["peak_mb"] = mem.peak_kb / 1024
+    out["peak_pss_mb"] = mem.peak_pss_kb / 1024
     print(json.dumps(out), flush=True)
 
 
@@ -350,10 +380,12 @@ def main() -> None:
                 runs = out["runs"]
                 print(f"demo world ({runs[0]['rows']:,} rows) on {name}, Spark warm: median "
                       f"{_median(runs, 'seconds'):.1f}s of {[round(r['seconds'], 1) for r in runs]}"
-                      f", {runs[0]['waves']} waves, peak {out['peak_mb']:,.0f} MB", flush=True)
+                      f", {runs[0]['waves']} waves, peak {out['peak_mb']:,.0f} MB (RSS sum), "
+                      f"{out['peak_pss_mb']:,.0f} MB (PSS)", flush=True)
         print(f"{'records':>9} {'lat ms':>6} {'parts':>5} {'spark':>16} {'base rec/s':>10} "
               f"{'proj rec/s':>10} {'ratio':>6} {'proj s':>7} {'bound s':>7} {'of bound':>8} "
-              f"{'waves':>5} {'server cpu':>10} {'base MB':>7} {'proj MB':>7}", flush=True)
+              f"{'waves':>5} {'server cpu':>10} {'base MB':>7} {'proj MB':>7} {'proj PSS':>8}",
+              flush=True)
         for target in args.records:
             for latency in args.latency_ms:
                 _one_row(args, target, latency, cluster_url)
@@ -382,7 +414,8 @@ def _one_row(args, target: int, latency: float, cluster_url: str | None) -> None
             print(f"{runs[0]['rows']:>9,} {latency:>6g} {world['partitions']:>5} {name:>16} "
                   f"{b_rate:>10,.0f} {p_rate:>10,.0f} {p_rate / b_rate:>5.2f}x {secs:>7.1f} "
                   f"{bound:>7.1f} {bound / secs:>7.0%} {runs[0]['waves']:>5} "
-                  f"{busy:>9.0%}c {base['peak_mb']:>7,.0f} {mine['peak_mb']:>7,.0f}",
+                  f"{busy:>9.0%}c {base['peak_mb']:>7,.0f} {mine['peak_mb']:>7,.0f} "
+                  f"{mine.get('peak_pss_mb', 0):>8,.0f}",
                   flush=True)
             print(f"{'':>9}   runs {[round(r['seconds'], 1) for r in runs]} s; server busy "
                   f"{base_server:.0%} of a core under the baseline", flush=True)
