@@ -434,12 +434,14 @@ def ingest_stream(
     chunk_rows: int = 50_000,
     on_chunk: Callable[[Any], None] | None = None,
     extra_sql: Callable[[], list[tuple[str, list[Any]]]] | None = None,
+    count_existing_as_duplicates: bool = False,
 ) -> IngestStats:
     """Land a stream of Arrow record batches (``records.RECORD_FIELDS``) in ONE transaction,
     ``chunk_rows`` at a time: memory holds one chunk, never the whole stream.
 
     ``on_chunk(table)`` sees each chunk after it landed (progress); ``extra_sql()`` gives
     statements run at the end in the same transaction (e.g. counting the pull's records).
+    ``count_existing_as_duplicates``: as for ``Cache.ingest`` (file imports).
     """
     import pyarrow as pa
 
@@ -452,7 +454,7 @@ def ingest_stream(
         table = pa.Table.from_batches(pending)
         pending, size = [], 0
         part = ingest_batch(cache.con, stream, pull_id, table,
-                            count_existing_as_duplicates=False)
+                            count_existing_as_duplicates=count_existing_as_duplicates)
         for name in vars(stats):
             setattr(stats, name, getattr(stats, name) + getattr(part, name))
         if on_chunk is not None:
