@@ -435,13 +435,16 @@ def ingest_stream(
     on_chunk: Callable[[Any], None] | None = None,
     extra_sql: Callable[[], list[tuple[str, list[Any]]]] | None = None,
     count_existing_as_duplicates: bool = False,
+    sort_by: list[tuple[str, str]] | None = None,
 ) -> IngestStats:
     """Land a stream of Arrow record batches (``records.RECORD_FIELDS``) in ONE transaction,
     ``chunk_rows`` at a time: memory holds one chunk, never the whole stream.
 
     ``on_chunk(table)`` sees each chunk after it landed (progress); ``extra_sql()`` gives
     statements run at the end in the same transaction (e.g. counting the pull's records).
-    ``count_existing_as_duplicates``: as for ``Cache.ingest`` (file imports).
+    ``count_existing_as_duplicates``: as for ``Cache.ingest`` (file imports). ``sort_by``
+    orders each chunk before it lands (pyarrow ``sort_by`` keys, stable): batches arrive in
+    no particular order, and which copy of a repeated record is kept follows the order.
     """
     import pyarrow as pa
 
@@ -453,6 +456,8 @@ def ingest_stream(
         nonlocal pending, size
         table = pa.Table.from_batches(pending)
         pending, size = [], 0
+        if sort_by:
+            table = table.sort_by(sort_by)
         part = ingest_batch(cache.con, stream, pull_id, table,
                             count_existing_as_duplicates=count_existing_as_duplicates)
         for name in vars(stats):

@@ -202,7 +202,8 @@ def _import(cache, stream, fmt, files, other, options, progress, spark_master,
     try:
         stats = _spark_step(lambda: ingest_stream(
             cache, stream, pull_id, arrow_batches(spark, df), on_chunk=tally.count,
-            extra_sql=bookkeeping, count_existing_as_duplicates=True),
+            extra_sql=bookkeeping, count_existing_as_duplicates=True,
+            sort_by=[("origin", "ascending")]),  # files in order, each as read
             "failed; nothing of it was kept")
     except BaseException as e:
         cache.finish_pull(pull_id, "failed", error=(str(e).splitlines() or [""])[0])
