@@ -196,7 +196,7 @@ def _heartbeats(con, stream, pull_id, count_existing) -> tuple[int, int]:
                EXISTS (SELECT 1 FROM _ingest_hb i WHERE i.partition_token = g.partition_token
                        AND i.ts_ns = g.ts_ns) AS here
         FROM (SELECT coalesce(partition_token, '') AS partition_token, ts_ns, count(*) AS n,
-                     first(extra) AS extra, min(line) AS line
+                     first(extra ORDER BY origin, line) AS extra, min(line) AS line
               FROM _batch WHERE kind = 'heartbeat' GROUP BY ALL) g""",
         {"stream": stream},
     )
