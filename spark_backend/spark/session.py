@@ -117,7 +117,23 @@ def spark_session(master: str | None = None, remote: str | None = None):
     return spark
 
 
+def _import_connect_client() -> None:
+    """Import the Connect client without IPython: pyspark imports it (a third of a second)
+    only to size a progress bar in a terminal, which the tool never shows."""
+    import sys
+
+    if "IPython" in sys.modules or "pyspark.sql.connect.session" in sys.modules:
+        return
+    sys.modules["IPython"] = None  # type: ignore[assignment]  # an ImportError for pyspark
+    try:
+        import pyspark.sql.connect.session  # noqa: F401
+    finally:
+        if sys.modules.get("IPython", 0) is None:
+            del sys.modules["IPython"]
+
+
 def _connect_session(remote: str):
+    _import_connect_client()
     from pyspark.sql import SparkSession
 
     host, port = validate_remote(remote)
