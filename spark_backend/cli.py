@@ -73,7 +73,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                    help="a format option, e.g. primary_key=id (cockroachdb), keys=ID "
                         "(datastream), partition=... (bigtable); repeatable")
-    p.add_argument("--spark-master")
+    p.add_argument("--spark-master", help=f"Spark master (default: ${config.SPARK_MASTER_ENVVAR}"
+                                          " or local[*])")
+    p.add_argument("--spark-remote", help="Spark Connect endpoint, e.g. sc://host:15002 "
+                                          f"(default: ${config.SPARK_REMOTE_ENVVAR})")
     p.add_argument("paths", nargs="+")
 
     p = sub.add_parser("export", help="write a cached Spanner stream as a recording")
@@ -189,7 +192,7 @@ def _check_import(args) -> None:
     from spark_backend.jobs.checks import check_import
 
     _options(args)
-    check_import(args.stream, args.format, args.paths, args.spark_master)
+    check_import(args.stream, args.format, args.paths, args.spark_master, args.spark_remote)
 
 
 def _options(args) -> dict[str, str]:
@@ -298,7 +301,8 @@ def cmd_import(args) -> int:
     progress = _Progress()
     with _open_cache(args.cache) as cache:
         result = import_files(cache, args.stream, args.format, args.paths, options, progress,
-                              spark_master=args.spark_master)
+                              spark_master=args.spark_master,
+                              spark_remote=args.spark_remote)
     progress.done()
     print(f"{result.stream}: imported {result.records:,} records from "
           f"{result.files - result.skipped_files} file(s)"

@@ -64,33 +64,68 @@ print(json.dumps(spark.sparkContext.parallelize(range(8), 8).mapPartitions(look)
 """
 
 
-def test_pull_on_a_standalone_cluster_equals_the_ground_truth(tmp_path):
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    """One standalone cluster for the module: two workers that see neither the driver's /tmp
+    nor its cache folder (``cluster.hidden``)."""
     _require_private_mounts()
-    cache_dir = tmp_path / "cache"
+    base = tmp_path_factory.mktemp("cluster")
+    hidden = base / "cache"
+    hidden.mkdir()
+    with standalone_cluster(base / "logs", workers=2, hidden=[hidden],
+                            project_root=ROOT) as running:
+        running.hidden = hidden
+        yield running
+
+
+def test_pull_on_a_standalone_cluster_equals_the_ground_truth(cluster, tmp_path):
+    cache_dir = cluster.hidden / "pull"
     cache_dir.mkdir()
     (cache_dir / "driver-only.txt").write_text("the executors must not see this")
     (tmp_path / "marker.txt").write_text("nor this, in the driver's /tmp")
-    with standalone_cluster(tmp_path / "logs", workers=2, hidden=[cache_dir],
-                            project_root=ROOT) as cluster:
-        # The isolation is real: the executors see neither the cache folder nor the driver's
-        # /tmp, and they run on both workers.
-        probe = subprocess.run(
-            [sys.executable, "-c", _PROBE, cluster.master_url, str(cache_dir / "driver-only.txt"),
-             str(tmp_path / "marker.txt")],
-            cwd=ROOT, capture_output=True, text=True, timeout=300)
-        assert probe.returncode == 0, probe.stderr[-2000:]
-        seen = json.loads(probe.stdout.strip().splitlines()[-1])
-        assert len(seen) == 8 and not any(a or b for a, b in seen)
-        out = cli("pull", "--source", "demo", "--spark-master", cluster.master_url,
-                  "--cache", str(cache_dir / "demo.duckdb"))
+    # The isolation is real: the executors see neither the cache folder nor the driver's
+    # /tmp, and they run on both workers.
+    probe = subprocess.run(
+        [sys.executable, "-c", _PROBE, cluster.master_url, str(cache_dir / "driver-only.txt"),
+         str(tmp_path / "marker.txt")],
+        cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert probe.returncode == 0, probe.stderr[-2000:]
+    seen = json.loads(probe.stdout.strip().splitlines()[-1])
+    assert len(seen) == 8 and not any(a or b for a, b in seen)
+    out = cli("pull", "--source", "demo", "--spark-master", cluster.master_url,
+              "--cache", str(cache_dir / "demo.duckdb"))
     assert out.returncode == 0, out.stderr[-3000:]
     assert "pulled 28,000 records from 41 partitions" in out.stdout
     assert_no_spark_output(out)
     with Cache(cache_dir / "demo.duckdb") as cache:
         assert_equals_world(cache, "DemoStream", build_world())
-    launched = [log for log in (tmp_path / "logs").glob("worker-*.log")
+    launched = [log for log in cluster.log_dir.glob("worker-*.log")
                 if "Asked to launch executor" in log.read_text(errors="replace")]
     assert len(launched) == 2, "both workers ran executors"
+
+
+def test_import_on_a_standalone_cluster_equals_a_local_import(cluster):
+    """Sample files of every format, in a folder the executors cannot see, imported through
+    the cluster: the cache holds exactly what a local import of the same files holds."""
+    from tests.support.imports import IMPORTS, cache_contents, copy_samples
+
+    where = cluster.hidden / "import"
+    samples = copy_samples(where / "samples")
+    outputs = {}
+    for label, extra in (("cluster", ["--spark-master", cluster.master_url]),
+                         ("local", ["--spark-master", "local[2]"])):
+        for fmt, folder in IMPORTS:
+            out = cli("import", "--cache", str(where / f"{label}.duckdb"), "--format", fmt,
+                      "--stream", fmt, str(samples / folder), *extra)
+            assert out.returncode == 0, (label, fmt, out.stderr[-3000:])
+            assert_no_spark_output(out)
+            outputs[label, fmt] = out.stdout
+    for fmt, _ in IMPORTS:
+        assert outputs["cluster", fmt] == outputs["local", fmt]
+    cluster_rows = cache_contents(where / "cluster.duckdb")
+    assert cluster_rows == cache_contents(where / "local.duckdb")
+    assert sum(len(rows) for rows in cluster_rows.values()) > 100
+    assert not [p for p in where.iterdir() if p.name.startswith("csi-")]
 
 
 def test_a_bogus_master_is_one_sentence(tmp_path):

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from spark_backend.cache.store import Cache
 from spark_backend.demo.world import build_world
 from tests.support.cluster import connect_server, free_port
@@ -17,24 +19,50 @@ from tests.test_pull_demo import assert_equals_world
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_pull_through_spark_connect_equals_the_ground_truth(tmp_path):
-    with connect_server(tmp_path / "logs", master="local[2]", project_root=ROOT) as url:
-        out = cli("pull", "--source", "demo", "--spark-remote", url,
-                  "--cache", str(tmp_path / "flag.duckdb"))
-        assert out.returncode == 0, out.stderr[-3000:]
-        assert "pulled 28,000 records from 41 partitions" in out.stdout
-        assert_no_spark_output(out)
-        with Cache(tmp_path / "flag.duckdb") as cache:
-            assert_equals_world(cache, "DemoStream", build_world())
-        # SPARK_REMOTE alone selects the same server; a one-line script gets a session.
-        script = ("from spark_backend.spark.session import spark_session, is_remote\n"
-                  "s = spark_session()\n"
-                  "print(is_remote(s), s.range(5).count())\n")
-        env = dict(os.environ, SPARK_REMOTE=url)
-        probe = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env,
-                               capture_output=True, text=True, timeout=120)
-        assert probe.stdout.split() == ["True", "5"], probe.stderr[-2000:]
-        assert_no_spark_output(probe)
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """One Spark Connect server for the module (its sc:// URL)."""
+    with connect_server(tmp_path_factory.mktemp("connect") / "logs", master="local[2]",
+                        project_root=ROOT) as url:
+        yield url
+
+
+def test_pull_through_spark_connect_equals_the_ground_truth(server, tmp_path):
+    url = server
+    out = cli("pull", "--source", "demo", "--spark-remote", url,
+              "--cache", str(tmp_path / "flag.duckdb"))
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "pulled 28,000 records from 41 partitions" in out.stdout
+    assert_no_spark_output(out)
+    with Cache(tmp_path / "flag.duckdb") as cache:
+        assert_equals_world(cache, "DemoStream", build_world())
+    # SPARK_REMOTE alone selects the same server; a one-line script gets a session.
+    script = ("from spark_backend.spark.session import spark_session, is_remote\n"
+              "s = spark_session()\n"
+              "print(is_remote(s), s.range(5).count())\n")
+    env = dict(os.environ, SPARK_REMOTE=url)
+    probe = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env,
+                           capture_output=True, text=True, timeout=120)
+    assert probe.stdout.split() == ["True", "5"], probe.stderr[-2000:]
+    assert_no_spark_output(probe)
+
+
+def test_import_through_spark_connect_equals_a_local_import(server, tmp_path):
+    """The files are uploaded to the server (addArtifacts) and read by its executors from
+    there; the cache holds exactly what a local import of the same files holds."""
+    from tests.support.imports import IMPORTS, cache_contents, copy_samples
+
+    samples = copy_samples(tmp_path / "samples")
+    for label, extra in (("connect", ["--spark-remote", server]),
+                         ("local", ["--spark-master", "local[2]"])):
+        for fmt, folder in IMPORTS:
+            out = cli("import", "--cache", str(tmp_path / f"{label}.duckdb"), "--format", fmt,
+                      "--stream", fmt, str(samples / folder), *extra)
+            assert out.returncode == 0, (label, fmt, out.stderr[-3000:])
+            assert_no_spark_output(out)
+    remote = cache_contents(tmp_path / "connect.duckdb")
+    assert remote == cache_contents(tmp_path / "local.duckdb")
+    assert sum(len(rows) for rows in remote.values()) > 100
 
 
 def test_no_connect_server_is_one_sentence(tmp_path):

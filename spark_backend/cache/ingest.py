@@ -196,7 +196,7 @@ def _heartbeats(con, stream, pull_id, count_existing) -> tuple[int, int]:
                EXISTS (SELECT 1 FROM _ingest_hb i WHERE i.partition_token = g.partition_token
                        AND i.ts_ns = g.ts_ns) AS here
         FROM (SELECT coalesce(partition_token, '') AS partition_token, ts_ns, count(*) AS n,
-                     first(extra) AS extra, min(line) AS line
+                     first(extra ORDER BY origin, line) AS extra, min(line) AS line
               FROM _batch WHERE kind = 'heartbeat' GROUP BY ALL) g""",
         {"stream": stream},
     )
@@ -434,12 +434,17 @@ def ingest_stream(
     chunk_rows: int = 50_000,
     on_chunk: Callable[[Any], None] | None = None,
     extra_sql: Callable[[], list[tuple[str, list[Any]]]] | None = None,
+    count_existing_as_duplicates: bool = False,
+    sort_by: list[tuple[str, str]] | None = None,
 ) -> IngestStats:
     """Land a stream of Arrow record batches (``records.RECORD_FIELDS``) in ONE transaction,
     ``chunk_rows`` at a time: memory holds one chunk, never the whole stream.
 
     ``on_chunk(table)`` sees each chunk after it landed (progress); ``extra_sql()`` gives
     statements run at the end in the same transaction (e.g. counting the pull's records).
+    ``count_existing_as_duplicates``: as for ``Cache.ingest`` (file imports). ``sort_by``
+    orders each chunk before it lands (pyarrow ``sort_by`` keys, stable): batches arrive in
+    no particular order, and which copy of a repeated record is kept follows the order.
     """
     import pyarrow as pa
 
@@ -451,8 +456,10 @@ def ingest_stream(
         nonlocal pending, size
         table = pa.Table.from_batches(pending)
         pending, size = [], 0
+        if sort_by:
+            table = table.sort_by(sort_by)
         part = ingest_batch(cache.con, stream, pull_id, table,
-                            count_existing_as_duplicates=False)
+                            count_existing_as_duplicates=count_existing_as_duplicates)
         for name in vars(stats):
             setattr(stats, name, getattr(stats, name) + getattr(part, name))
         if on_chunk is not None:

@@ -45,10 +45,12 @@ def _spanner_ids(project: str | None, instance: str | None, database: str | None
             SpannerTarget(**{**dict.fromkeys(given, "x"), label: value})
 
 
-def check_import(stream: str, fmt: str, paths: list[str], spark_master: str | None) -> None:
+def check_import(stream: str, fmt: str, paths: list[str], spark_master: str | None,
+                 spark_remote: str | None = None) -> None:
     checks.cache_stream_name(stream, "--stream")
     formats.get(fmt)
     checks.spark_master(spark_master)
+    checks.spark_remote(spark_remote)
     from spark_backend.jobs.files import expand_paths
 
     expand_paths(paths)

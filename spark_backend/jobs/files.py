@@ -125,8 +125,14 @@ def import_files(
     options: dict[str, str] | None = None,
     progress: Callable[[str], None] | None = None,
     spark_master: str | None = None,
+    spark_remote: str | None = None,
 ) -> ImportResult:
     """Read files of ``fmt`` with Spark (one task per file) into ``stream`` in one transaction.
+
+    The files are on this machine; the rows come back through Spark as Arrow batches and land
+    chunk by chunk (memory holds one chunk, never the whole import); only this process
+    touches the cache. On a cluster or Spark Connect the files travel to the executors
+    through Spark (``spark.local_files``).
 
     A file whose content was imported into the stream before is skipped. Bad lines land in the
     quarantine table and are counted; the valid records still land. A file that cannot be read
@@ -142,7 +148,8 @@ def import_files(
     created = cache.stream_info(stream) is None
     cache.ensure_stream(stream, system=module.SYSTEM, source=fmt)
     try:
-        result = _import(cache, stream, fmt, files, other, options, progress, spark_master)
+        result = _import(cache, stream, fmt, files, other, options, progress, spark_master,
+                         spark_remote)
     except BaseException:
         if created:
             _drop_stream(cache, stream)
@@ -155,7 +162,8 @@ def import_files(
     return result
 
 
-def _import(cache, stream, fmt, files, other, options, progress, spark_master) -> ImportResult:
+def _import(cache, stream, fmt, files, other, options, progress, spark_master,
+            spark_remote) -> ImportResult:
     known = {r[0] for r in cache.con.execute(
         "SELECT sha256 FROM imports WHERE stream = ?", [stream]).fetchall()}
     plan = _plan(files, other, known)
@@ -171,42 +179,88 @@ def _import(cache, stream, fmt, files, other, options, progress, spark_master) -
                             _failed_examples(plan.failed), plan.notes)
     if progress:
         progress(f"reading {len(plan.todo)} file(s) with Spark")
-    from spark_backend.spark.session import is_remote, spark_session
+    from spark_backend.cache.ingest import ingest_stream
+    from spark_backend.spark.local_files import ship
+    from spark_backend.spark.session import arrow_batches, spark_session
 
-    spark = spark_session(spark_master)
+    spark = spark_session(spark_master, spark_remote)
+    shipped = _spark_step(lambda: ship(spark, plan.hashes), "could not send the files to "
+                          "the executors")
     df = (spark.read.format("change_files")
-          .options(format=fmt, paths=json.dumps(plan.todo), **(options or {})).load())
-    staging = cache.staging_dir("import")
-    try:
-        if is_remote(spark):
-            batch: Any = df.toArrow()
-        else:
-            df.write.mode("overwrite").option("maxRecordsPerFile", 100_000).parquet(
-                str(staging / "rows"))
-            batch = str(staging / "rows" / "*.parquet")
-        pull_id = cache.begin_pull(stream, f"import:{fmt}", None, None, None)
-        try:
-            per_file = _per_file_counts(cache, batch)
-            extra = [(
-                "INSERT INTO imports (stream, path, sha256, format, records, bad, pull_id) "
+          .options(format=fmt, paths=json.dumps(plan.todo), shipped=json.dumps(shipped),
+                   **(options or {})).load())
+    tally = _Tally()
+    pull_id = cache.begin_pull(stream, f"import:{fmt}", None, None, None)
+
+    def bookkeeping() -> list[tuple[str, list[Any]]]:
+        sql = [("INSERT INTO imports (stream, path, sha256, format, records, bad, pull_id) "
                 "VALUES (?, ?, ?, ?, ?, ?, ?)",
-                [stream, p, plan.hashes[p], fmt, per_file.get(p, (0, 0))[0],
-                 per_file.get(p, (0, 0))[1], pull_id],
-            ) for p in plan.todo]
-            extra += _quarantine_sql(stream, plan.failed, pull_id)
-            stats = cache.ingest(stream, pull_id, batch, count_existing_as_duplicates=True,
-                                 extra_sql=extra)
-            examples = _failed_examples(plan.failed) + _bad_examples(cache, batch)
-        except BaseException as e:
-            cache.finish_pull(pull_id, "failed", error=(str(e).splitlines() or [""])[0])
-            raise
-        cache.finish_pull(pull_id, "complete")
-        _widen_range(cache, stream)
-    finally:
-        cache.release_staging(staging)
+                [stream, p, plan.hashes[p], fmt, *tally.per_file.get(p, (0, 0)), pull_id])
+               for p in plan.todo]
+        return sql + _quarantine_sql(stream, plan.failed, pull_id)
+
+    try:
+        stats = _spark_step(lambda: ingest_stream(
+            cache, stream, pull_id, arrow_batches(spark, df), on_chunk=tally.count,
+            extra_sql=bookkeeping, count_existing_as_duplicates=True,
+            sort_by=[("origin", "ascending")]),  # files in order, each as read
+            "failed; nothing of it was kept")
+    except BaseException as e:
+        cache.finish_pull(pull_id, "failed", error=(str(e).splitlines() or [""])[0])
+        raise
+    cache.finish_pull(pull_id, "complete")
+    _widen_range(cache, stream)
+    examples = _failed_examples(plan.failed) + tally.examples()
     return ImportResult(stream, total, plan.skipped, stats.data_change + stats.heartbeats
                         + stats.child_partitions, stats.bad + len(plan.failed),
                         stats.duplicates, examples[:5], plan.notes)
+
+
+def _spark_step(step: Callable[[], Any], what: str) -> Any:
+    """Run ``step``; a failure of Spark's own (not ours) is one sentence naming its log."""
+    from spark_backend.spark.session import SparkUnavailable, one_line, spark_log_path
+
+    try:
+        return step()
+    except (InspectorError, KeyboardInterrupt, SystemExit):
+        raise
+    except Exception as e:
+        raise SparkUnavailable(f"The import's Spark job {what} ({one_line(e)}); Spark's log "
+                               f"is {spark_log_path()}.") from e
+
+
+class _Tally:
+    """What an import's results say per file, counted chunk by chunk as they land."""
+
+    def __init__(self, keep: int = 5):
+        self.per_file: dict[str, tuple[int, int]] = {}   # path: (records, bad lines)
+        self.keep = keep
+        self.bad: list[tuple[str, int | None, str]] = []  # the first bad lines seen
+
+    def count(self, table: Any) -> None:
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        bad = pc.equal(table.column("kind"), "bad")
+        counts = pa.table({"origin": table.column("origin"),
+                           "good": pc.cast(pc.invert(bad), pa.int64()),
+                           "bad": pc.cast(bad, pa.int64())}).group_by("origin").aggregate(
+            [("good", "sum"), ("bad", "sum")])
+        for origin, good, nbad in zip(*(counts.column(c).to_pylist() for c in
+                                        ("origin", "good_sum", "bad_sum")), strict=True):
+            if origin is not None:
+                was = self.per_file.get(origin, (0, 0))
+                self.per_file[origin] = (was[0] + good, was[1] + nbad)
+        first = (table.filter(bad).select(["origin", "line", "extra"])
+                 .sort_by([("origin", "ascending"), ("line", "ascending")])
+                 .slice(0, self.keep).to_pylist())
+        seen = self.bad + [(r["origin"] or "?", r["line"],
+                            json.loads(r["extra"] or "{}").get("reason")) for r in first]
+        self.bad = sorted(seen, key=lambda b: (b[0], b[1] is None, b[1] or 0))[: self.keep]
+
+    def examples(self) -> list[str]:
+        return [f"{os.path.basename(o)} line {line}: {reason}" if line is not None
+                else f"{os.path.basename(o)}: {reason}" for o, line, reason in self.bad]
 
 
 def _quarantine_sql(stream: str, failed: list[tuple[str, str]],
@@ -227,19 +281,6 @@ def _drop_stream(cache: Cache, stream: str) -> None:
                       "transactions", "heartbeats", "child_partitions_records", "edges",
                       "partitions", "streams"):
             cache.con.execute(f"DELETE FROM {table} WHERE stream = ?", [stream])
-
-
-def _per_file_counts(cache: Cache, batch: Any) -> dict[str, tuple[int, int]]:
-    rows = cache.scan(batch, "SELECT origin, count(*) FILTER (WHERE kind <> 'bad'), "
-                               "count(*) FILTER (WHERE kind = 'bad') FROM b GROUP BY origin")
-    return {r[0]: (int(r[1]), int(r[2])) for r in rows if r[0] is not None}
-
-
-def _bad_examples(cache: Cache, batch: Any, limit: int = 5) -> list[str]:
-    rows = cache.scan(batch, "SELECT origin, line, extra ->> 'reason' FROM b WHERE kind = 'bad'"
-                               f" ORDER BY origin, line LIMIT {int(limit)}")
-    return [f"{os.path.basename(o or '?')} line {line}: {reason}" if line is not None
-            else f"{os.path.basename(o or '?')}: {reason}" for o, line, reason in rows]
 
 
 def _widen_range(cache: Cache, stream: str) -> None:

@@ -32,7 +32,8 @@ class ChangeStreamPartition(InputPartition):
 @dataclass
 class FilePartition(InputPartition):
     index: int
-    path: str
+    path: str                 # the file on the driver's machine (rows name it as their origin)
+    shipped: str | None = None  # the name Spark distributed it under (local_files.ship)
 
 
 def _require(options: dict, name: str) -> str:
@@ -135,7 +136,9 @@ class SpannerChangeStreamDataSourceReader(DataSourceReader):
 
 
 class ChangeFilesDataSource(DataSource):
-    """Options: format, paths (JSON list of files), table (optional)."""
+    """Options: format, paths (JSON list of files on the driver's machine), shipped (JSON
+    {path: name} of the files distributed with ``local_files.ship``; a path not in it is read
+    in place), table (optional) and the format's own options."""
 
     @classmethod
     def name(cls) -> str:
@@ -148,6 +151,9 @@ class ChangeFilesDataSource(DataSource):
         return ChangeFilesDataSourceReader(self.options)
 
 
+_READER_OPTIONS = ("format", "paths", "shipped")
+
+
 class ChangeFilesDataSourceReader(DataSourceReader):
     def __init__(self, options: dict):
         from spark_backend import formats
@@ -155,17 +161,36 @@ class ChangeFilesDataSourceReader(DataSourceReader):
         self.format = _require(options, "format")
         formats.get(self.format)  # validates the name, listing the accepted ones
         self.paths = json.loads(_require(options, "paths"))
-        self.format_options = {k: v for k, v in options.items() if k not in ("format", "paths")}
+        self.shipped = json.loads(options.get("shipped") or "{}")
+        self.format_options = {k: v for k, v in options.items() if k not in _READER_OPTIONS}
 
     def partitions(self) -> list[FilePartition]:
-        return [FilePartition(i, p) for i, p in enumerate(self.paths)]
+        return [FilePartition(i, p, self.shipped.get(p)) for i, p in enumerate(self.paths)]
 
     def read(self, partition: FilePartition):
         """The file's rows (``formats.read_file``): any failure of the file becomes one bad
-        row naming it and why; the rows read before it are kept, other files land."""
+        row naming it and why; the rows read before it are kept, other files land. A shipped
+        file is read from the executor's copy; its rows still name the driver's path."""
         from spark_backend import formats
         from spark_backend.model.records import batched, to_arrow_batch
+        from spark_backend.spark.local_files import executor_path
 
-        rows = formats.read_file(self.format, partition.path, dict(self.format_options))
-        for batch in batched(rows, BATCH_ROWS):
-            yield to_arrow_batch(batch)
+        with executor_path(partition.path, partition.shipped) as local:
+            rows = formats.read_file(self.format, local, dict(self.format_options))
+            if local != partition.path:
+                rows = _renamed(rows, local, partition.path)
+            for batch in batched(rows, BATCH_ROWS):
+                yield to_arrow_batch(batch)
+
+
+def _renamed(rows, local: str, path: str):
+    """Rows read from ``local`` as if read from ``path`` (origin, and reasons naming it)."""
+    from spark_backend.model.records import canonical_json
+
+    quoted_local, quoted_path = canonical_json(local)[1:-1], canonical_json(path)[1:-1]
+    for row in rows:
+        if row.get("origin") == local:
+            row["origin"] = path
+        if row.get("kind") == "bad" and quoted_local in (row.get("extra") or ""):
+            row["extra"] = row["extra"].replace(quoted_local, quoted_path)
+        yield row

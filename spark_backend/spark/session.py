@@ -122,7 +122,23 @@ def spark_session(master: str | None = None, remote: str | None = None):
     return spark
 
 
+def _import_connect_client() -> None:
+    """Import the Connect client without IPython: pyspark imports it (a third of a second)
+    only to size a progress bar in a terminal, which the tool never shows."""
+    import sys
+
+    if "IPython" in sys.modules or "pyspark.sql.connect.session" in sys.modules:
+        return
+    sys.modules["IPython"] = None  # type: ignore[assignment]  # an ImportError for pyspark
+    try:
+        import pyspark.sql.connect.session  # noqa: F401
+    finally:
+        if sys.modules.get("IPython", 0) is None:
+            del sys.modules["IPython"]
+
+
 def _connect_session(remote: str):
+    _import_connect_client()
     from pyspark.sql import SparkSession
 
     host, port = validate_remote(remote)
@@ -133,12 +149,72 @@ def _connect_session(remote: str):
             f"No Spark Connect server answers at {remote} ({e.strerror or e}); start one "
             "(README, 'Spark Connect') or leave out --spark-remote to use local Spark."
         ) from e
+    url = remote if ";" in remote else f"{remote.rstrip('/')}/;session_id={_session_id(remote)}"
     try:
-        return SparkSession.builder.remote(remote).getOrCreate()
+        spark = SparkSession.builder.remote(url).getOrCreate()
+        return _alive(spark, remote) if url != remote else spark
+    except SparkUnavailable:
+        raise
     except Exception as e:
         raise SparkUnavailable(
             f"Spark Connect at {remote} did not accept a session ({one_line(e)})."
         ) from e
+
+
+# Spark Connect: every process of the tool joins one server-side session per server (its id
+# kept in a file), instead of opening a new one. A new session starts its own Python workers
+# on the server (seconds); a session used before has them running, and has the uploaded
+# files. The server ends a session left idle (an hour by default): a new one is made then.
+_SESSIONS_FILE = "spark-connect-sessions.json"
+
+
+def _sessions_path() -> Path:
+    return config.DEFAULT_CACHE.parent / _SESSIONS_FILE
+
+
+def _session_id(remote: str, fresh: bool = False) -> str:
+    import json
+    import uuid
+
+    path = _sessions_path()
+    try:
+        known = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(known, dict):
+            known = {}
+    except (OSError, ValueError):
+        known = {}
+    chosen = known.get(remote)
+    try:
+        uuid.UUID(str(chosen))
+    except ValueError:
+        chosen = None
+    if chosen and not fresh:
+        return chosen
+    known.pop(remote, None)
+    known = dict(list(known.items())[-19:])  # the servers used last
+    known[remote] = chosen = str(uuid.uuid4())
+    with contextlib.suppress(OSError):  # not kept: the next process opens a new session
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}")
+        tmp.write_text(json.dumps(known), encoding="utf-8")
+        os.replace(tmp, path)
+    return chosen
+
+
+def _alive(spark, remote: str):
+    """A session the server ended (idle, released) refuses every call: replace it."""
+    try:
+        spark.conf.get("spark.sql.shuffle.partitions")
+        return spark
+    except Exception as e:
+        if "SESSION_CLOSED" not in str(e) and "INVALID_HANDLE" not in str(e):
+            raise
+    with contextlib.suppress(Exception):
+        spark.client.close()
+    from pyspark.sql import SparkSession
+
+    url = f"{remote.rstrip('/')}/;session_id={_session_id(remote, fresh=True)}"
+    return SparkSession.builder.remote(url).create()  # the new default session
 
 
 def _classic_session(master: str):
