@@ -308,6 +308,9 @@ class _Jobs:
         self.results: queue.Queue = queue.Queue(maxsize=8)  # bounded: back-pressure to Spark
         self.running: dict[int, set[str]] = {}
         self.started = 0
+        # Spark Connect: processes of the tool share one server-side session, so this pull's
+        # operations carry a tag of their own and only they are interrupted on failure.
+        self.tag = f"csi-pull-{os.getpid()}-{id(self):x}"
 
     def reading(self) -> set[str]:
         return set().union(*self.running.values()) if self.running else set()
@@ -332,9 +335,11 @@ class _Jobs:
                          name=f"pull-job-{number}").start()
 
     def _run(self, number: int, options: dict) -> None:
-        from spark_backend.spark.session import arrow_batches
+        from spark_backend.spark.session import arrow_batches, is_remote
 
         try:
+            if is_remote(self.spark):
+                self.spark.addTag(self.tag)  # this thread's operations
             df = self.spark.read.format("spanner_change_stream").options(**options).load()
             for batch in arrow_batches(self.spark, df):
                 self.results.put((number, batch))
@@ -350,7 +355,7 @@ class _Jobs:
                 self.spark.sparkContext.cancelAllJobs()
         else:
             with contextlib.suppress(Exception):
-                self.spark.interruptAll()
+                self.spark.interruptTag(self.tag)
 
 
 def _task_ends(batch: Any) -> tuple[Any, bool]:
