@@ -96,12 +96,17 @@ _BAR_JS = """() => {
   const gd = document.querySelector('[data-testid="stPlotlyChart"] .js-plotly-plot');
   const t = gd._fullData.find(t => t.type === 'bar' && t.customdata && t.name !== 'selected');
   if (!t) return null;
-  let i = 0;
-  for (let k = 1; k < t.x.length; k++) if (t.x[k] > t.x[i]) i = k;  // the longest bar
+  gd.scrollIntoView();
   const xa = gd._fullLayout.xaxis, ya = gd._fullLayout.yaxis, box = gd.getBoundingClientRect();
-  return {token: t.customdata[i][0],
-          x: box.left + xa._offset + xa.c2p(xa.d2c(t.base[i]) + t.x[i] / 2),
-          y: box.top + ya._offset + ya.c2p(t.y[i])};
+  let best = null;
+  for (let i = 0; i < t.x.length; i++) {  // the longest bar in sight
+    const y = box.top + ya._offset + ya.c2p(t.y[i]);
+    if (y > 20 && y < window.innerHeight - 20 && (best === null || t.x[i] > t.x[best.i]))
+      best = {i, y};
+  }
+  const i = best.i;
+  return {token: t.customdata[i][0], y: best.y,
+          x: box.left + xa._offset + xa.c2p(xa.d2c(t.base[i]) + t.x[i] / 2)};
 }"""
 
 

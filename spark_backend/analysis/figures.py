@@ -133,7 +133,8 @@ def dag_figure(nodes: pd.DataFrame, segments: pd.DataFrame, highlight: Sequence[
         margin=_DAG_MARGIN, legend=_LEGEND, clickmode="event+select",
         dragmode="zoom", hovermode="closest", bargap=0.25,
         xaxis=dict(title=None, type="date"),
-        yaxis=dict(title="partition lane", showticklabels=False, autorange="reversed",
+        # lane 0 on top; a fixed range (no autorange padding around the thick lines)
+        yaxis=dict(title="partition lane", showticklabels=False, range=[lanes - 0.5, -0.5],
                    zeroline=False, showgrid=False, fixedrange=True),
     )
     return fig
