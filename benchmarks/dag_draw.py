@@ -22,6 +22,7 @@ the baseline of the same run (the demo). Asserts nothing.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import statistics
 import sys
@@ -31,6 +32,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT)]
+
+from playwright.sync_api import TimeoutError  # noqa: E402
 
 from benchmarks.first_chart import CHROMIUM, _serve, _stop  # noqa: E402
 
@@ -117,7 +120,7 @@ _PICKED_JS = """t => [...document.querySelectorAll('h4')].some(h => h.innerText.
 def click(page) -> tuple[float, float] | None:
     """(click, redraw) seconds from a click on a bar until the partition's panel and the
     re-drawn chart are there, and from the new figure's arrival until then; None when no bar is
-    clickable."""
+    clickable, NaNs when the click selected nothing within 90 s."""
     target = page.evaluate(_BAR_JS)
     if target is None:
         return None
@@ -125,7 +128,12 @@ def click(page) -> tuple[float, float] | None:
     page.wait_for_timeout(300)
     clicked = page.evaluate("() => performance.now()")
     page.mouse.click(target["x"], target["y"])
-    page.wait_for_function(_PICKED_JS, arg=target["token"], timeout=90_000, polling="raf")
+    try:
+        page.wait_for_function(_PICKED_JS, arg=target["token"], timeout=90_000,
+                               polling="raf")
+    except TimeoutError:
+        print(f"  a click on {target['token']} selected nothing within 90 s", flush=True)
+        return math.nan, math.nan
     done, figures = page.evaluate("() => [performance.now(), window.__dag.figures]")
     _settled(page)
     figure = min((t for t in figures if t > clicked), default=clicked)
@@ -148,8 +156,10 @@ def measure(browser, url: str, stream: str, runs: int) -> dict[str, float | None
             redraws.append(c[1])
     page.close()
     med = statistics.median
-    return {"page": med(pages), "draw": med(draws), "click": med(clicks) if clicks else None,
-            "redraw": med(redraws) if redraws else None}
+    ok = [c for c in clicks if not math.isnan(c)]
+    return {"page": med(pages), "draw": med(draws), "click": med(ok) if ok else None,
+            "redraw": med([r for r in redraws if not math.isnan(r)]) if ok else None,
+            "missed": len(clicks) - len(ok), "tried": len(clicks)}
 
 
 def main() -> None:
@@ -178,8 +188,13 @@ def main() -> None:
     finally:
         _stop(proc)
     for stream, r in results.items():
-        c = ("(bars not clickable at this size)" if r["click"] is None else
-             f"click {r['click']:5.2f}s (redraw {r['redraw']:5.2f}s)")
+        if not r["tried"]:
+            c = "(bars not clickable at this size)"
+        elif r["click"] is None:
+            c = f"clicks selected nothing ({r['missed']} of {r['tried']})"
+        else:
+            c = f"click {r['click']:5.2f}s (redraw {r['redraw']:5.2f}s)" + (
+                f", {r['missed']} of {r['tried']} clicks selected nothing" if r["missed"] else "")
         print(f"{stream:<12} page {r['page']:5.2f}s  draw {r['draw']:5.2f}s  {c}  "
               f"(medians of {args.runs})")
     big = results.get("Big2000")

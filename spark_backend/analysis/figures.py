@@ -3,6 +3,8 @@
 SVG traces only (``go.Bar``, ``go.Scatter``): Streamlit's bundled plotly.js drops WebGL line
 traces under software GL, which is what most headless and VM browsers have. One trace per kind
 (never one per partition), segments joined with None separators; time axes as UTC datetimes.
+The DAG's bars are SVG bars (one element each, clickable) up to ``CLICKABLE_BARS`` partitions and
+one thick None-separated line per state above it (one ``<path>`` per state).
 Every value shown in a label or hover goes through :func:`app.safe.html`.
 """
 
