@@ -3,6 +3,7 @@ report); this name stays for the pages."""
 
 from spark_backend.analysis.figures import *  # noqa: F403
 from spark_backend.analysis.figures import (  # noqa: F401
+    CLICKABLE_BARS,
     EDGE_COLOUR,
     HIGHLIGHT,
     STATUS_COLOUR,

@@ -46,8 +46,12 @@ kinds = edges["kind"].value_counts()
 st.caption(f"{len(nodes):,} partitions on {int(nodes['lane'].max()) + 1 if len(nodes) else 0} "
            f"lanes · {kinds.get('split', 0)} split edges · {kinds.get('merge', 0)} merge edges · "
            f"{kinds.get('move', 0)} moves · stalled after {c.stall_s:g}s. Each bar runs from a "
-           "partition's start to its end (or watermark); click a bar to drill into it, drag to "
-           "zoom in time, double-click to zoom out." + range_clip_note(c.start_ns, c.end_ns))
+           "partition's start to its end (or watermark); "
+           + ("click a bar to drill into it" if len(nodes) <= figures.CLICKABLE_BARS else
+              f"above {figures.CLICKABLE_BARS:,} partitions the bars are drawn as one path per "
+              "state, so choose a partition in the list below the chart")
+           + ", drag to zoom in time, double-click to zoom out."
+           + range_clip_note(c.start_ns, c.end_ns))
 marked = [*highlight, *([selected] if selected else [])]
 fig = figures.dag_figure(nodes, segments, highlight=marked, holder=holder, notes=notes,
                          spans=spans)

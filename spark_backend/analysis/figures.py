@@ -3,6 +3,8 @@
 SVG traces only (``go.Bar``, ``go.Scatter``): Streamlit's bundled plotly.js drops WebGL line
 traces under software GL, which is what most headless and VM browsers have. One trace per kind
 (never one per partition), segments joined with None separators; time axes as UTC datetimes.
+The DAG's bars are SVG bars (one element each, clickable) up to ``CLICKABLE_BARS`` partitions and
+one thick None-separated line per state above it (one ``<path>`` per state).
 Every value shown in a label or hover goes through :func:`app.safe.html`.
 """
 
@@ -25,6 +27,13 @@ EDGE_COLOUR = {"split": "#1a73e8", "merge": "#9334e6", "move": "#5f6368",
 HIGHLIGHT = "#fbbc04"
 _LEGEND = dict(orientation="h", yanchor="bottom", y=1.02, xanchor="left", x=0)
 MAX_LABELS = 30
+# Up to this many partitions every bar is its own SVG bar (hover, click to select); above it the
+# bars of a status are one SVG path (a thick line per partition, None-separated), which plotly
+# draws as a single <path>: no hover or click per bar, the selection comes from the list.
+CLICKABLE_BARS = 3000
+# Fixed margins with room for the legend and the axis labels: with plotly's automargin the legend
+# above the plot pushes the margin, and plotly draws every trace a second time.
+_DAG_MARGIN = dict(l=40, r=10, t=110, b=40, autoexpand=False)
 
 
 def _dt(ns: pd.Series) -> list:
@@ -82,16 +91,22 @@ def dag_figure(nodes: pd.DataFrame, segments: pd.DataFrame, highlight: Sequence[
                                  line=dict(color=EDGE_COLOUR[kind], width=1.4, dash=dash),
                                  hoverinfo="skip", legendgroup="edges",
                                  legendgrouptitle_text="edges"))
+    lanes = int(df["lane"].max()) + 1
+    height = height or max(360, min(1400, 110 + lanes * 18))
+    clickable = len(df) <= CLICKABLE_BARS
+    thick = max(1.0, 0.7 * (height - _DAG_MARGIN["t"] - _DAG_MARGIN["b"]) / lanes)
     for kind in (*STATUSES, "holding back"):
         part = df[df["kind"] == kind]
         if part.empty:
             continue
-        fig.add_trace(_bars(part, min_w, name=f"{kind} ({len(part)})",
-                            colour=STATUS_COLOUR[kind]))
+        name = f"{kind} ({len(part)})"
+        fig.add_trace(_bars(part, min_w, name=name, colour=STATUS_COLOUR[kind]) if clickable
+                      else _line_bars(part, min_w, name, STATUS_COLOUR[kind], thick))
     picked = df[df["token"].isin(list(highlight))]
     if not picked.empty:
         fig.add_trace(_bars(picked, min_w, name="selected", colour="rgba(0,0,0,0)",
-                            outline=HIGHLIGHT))
+                            outline=HIGHLIGHT) if clickable
+                      else _line_bars(picked, min_w, "selected", HIGHLIGHT, max(thick, 4.0)))
     if spans:  # stretches a partition went silent (the worst stall), red on its bar
         lane_of = dict(zip(df["token"], df["lane"], strict=True))
         known = [(t, a, b) for t, a, b in spans if t in lane_of]
@@ -113,15 +128,15 @@ def dag_figure(nodes: pd.DataFrame, segments: pd.DataFrame, highlight: Sequence[
             text=[f" {html(short(t, 10))} ({html(notes[t])})" for t in labelled["token"]],
             textposition="middle right", textfont=dict(color="#d93025", size=12),
             hoverinfo="skip", cliponaxis=False))
-    lanes = int(df["lane"].max()) + 1
     if not labelled.empty:  # room on the right for the names
         fig.update_xaxes(range=[to_datetime(lo), to_datetime(hi + (hi - lo) // 3)])
     fig.update_layout(
-        height=height or max(360, min(1400, 110 + lanes * 18)), barmode="overlay",
-        margin=dict(l=10, r=10, t=50, b=10), legend=_LEGEND, clickmode="event+select",
+        height=height, barmode="overlay",
+        margin=_DAG_MARGIN, legend=_LEGEND, clickmode="event+select",
         dragmode="zoom", hovermode="closest", bargap=0.25,
         xaxis=dict(title=None, type="date"),
-        yaxis=dict(title="partition lane", showticklabels=False, autorange="reversed",
+        # lane 0 on top; a fixed range (no autorange padding around the thick lines)
+        yaxis=dict(title="partition lane", showticklabels=False, range=[lanes - 0.5, -0.5],
                    zeroline=False, showgrid=False, fixedrange=True),
     )
     return fig
@@ -140,6 +155,18 @@ def _bars(part: pd.DataFrame, min_w: int, name: str, colour: str,
         customdata=_dag_customdata(part), hovertemplate=_DAG_HOVER,
         legendgroup="partitions", legendgrouptitle_text="partitions",
     )
+
+
+def _line_bars(part: pd.DataFrame, min_w: int, name: str, colour: str, thick: float
+               ) -> go.Scatter:
+    """Bars as one polyline: a segment per partition on its lane, ``thick`` pixels wide."""
+    x0 = part["x0_ns"].to_numpy("int64")
+    x1 = np.maximum(part["x1_ns"].to_numpy("int64"), x0 + min_w)
+    lane = part["lane"].to_numpy()
+    xs, ys = _seg_arrays(x0, lane, x1, lane)
+    return go.Scatter(x=xs, y=ys, mode="lines", name=name, hoverinfo="skip",
+                      line=dict(color=colour, width=thick), legendgroup="partitions",
+                      legendgrouptitle_text="partitions")
 
 
 def _dag_customdata(part: pd.DataFrame) -> np.ndarray:

@@ -1,0 +1,54 @@
+"""The DAG figure's two ways of drawing bars: SVG bars up to ``CLICKABLE_BARS`` partitions, one
+None-separated path per state above (what chromium draws is checked in
+``test_browser_dag_large.py``)."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from spark_backend.analysis import dag_layout, figures
+
+T0 = 1_767_603_600 * 10**9
+
+
+def _nodes(n: int) -> pd.DataFrame:
+    """``n`` partitions in a chain of moves, the last one open."""
+    parts = pd.DataFrame({
+        "token": [f"p{i:05d}" for i in range(n)],
+        "parents": [[] if i == 0 else [f"p{i - 1:05d}"] for i in range(n)],
+        "start_ns": [T0 + i * 10**9 for i in range(n)],
+        "end_ns": [T0 + (i + 1) * 10**9 if i < n - 1 else None for i in range(n)],
+        "watermark_ns": [T0 + (i + 1) * 10**9 for i in range(n)],
+        "state": ["finished"] * (n - 1) + ["open"], "error": [None] * n,
+        "finished": [i < n - 1 for i in range(n)], "stalled": [False] * n,
+        "data_change_records": [1] * n, "heartbeats": [1] * n,
+    })
+    return dag_layout.layout(parts)
+
+
+@pytest.mark.parametrize("n", [figures.CLICKABLE_BARS, figures.CLICKABLE_BARS + 1])
+def test_bars_are_clickable_up_to_the_limit_and_one_path_per_state_above(n):
+    nodes = _nodes(n)
+    token = nodes["token"].iat[n // 2]
+    fig = figures.dag_figure(nodes, dag_layout.edge_segments(nodes, pd.DataFrame(
+        {"parent": [], "child": [], "kind": []})), highlight=[token], holder=token)
+    by_name = {t.name.split(" (")[0]: t for t in fig.data if t.name}
+    drawn = {k: by_name[k] for k in ("finished", "open", "holding back", "selected")
+             if k in by_name}
+    assert sum(1 for k in ("finished", "open") if k in drawn) == 2
+    if n <= figures.CLICKABLE_BARS:
+        assert {t.type for t in drawn.values()} == {"bar"}
+        assert sum(len(t.y) for k, t in drawn.items() if k != "selected") == n
+        assert drawn["selected"].customdata[0][0] == token
+    else:
+        assert {t.type for t in drawn.values()} == {"scatter"}
+        # two points and a gap per partition, every partition on its lane
+        lanes = [y for k, t in drawn.items() if k != "selected" for y in t.y if y == y]
+        assert len(lanes) == 2 * n
+        assert sorted(set(lanes)) == sorted(set(nodes["lane"]))
+        assert drawn["selected"].y[0] == nodes["lane"].iat[n // 2]
+    assert drawn["holding back"].marker.color == figures.STATUS_COLOUR["holding back"] or (
+        drawn["holding back"].line.color == figures.STATUS_COLOUR["holding back"])
+    labels = [t for t in fig.data if t.type == "scatter" and t.mode == "text"]
+    assert labels and any(token in s for s in labels[0].text)  # named in red
