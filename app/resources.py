@@ -383,12 +383,11 @@ def start_bootstrap(path: str) -> Any:
 
             from spark_backend.demo.server import DemoServer
             from spark_backend.demo.world import build_world
-            from spark_backend.jobs.pull import PullRequest
-            from spark_backend.spark.session import jvm_launched, spark_session
+            from spark_backend.jobs.pull import PullRequest, start_spark_early
 
             defaults = PullRequest(source="demo")
-            pool = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="bootstrap")
-            spark = pool.submit(spark_session)
+            spark, jvm_launched = start_spark_early()
+            pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="bootstrap")
             world = pool.submit(build_world, defaults.demo_seed, defaults.demo_scale)
             pool.shutdown(wait=False)
             while not jvm_launched.wait(0.2):

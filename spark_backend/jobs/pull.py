@@ -484,6 +484,20 @@ def _record_kinds():
 
 
 
+def start_spark_early() -> tuple[Any, Any]:
+    """Start Spark on a thread of its own: (a future of the session, an Event set once the
+    JVM is launched). A caller may start gRPC threads (a demo server, a read ``here``) after
+    the event without a fork of this process next to them."""
+    import concurrent.futures
+
+    from spark_backend.spark.session import jvm_launched, spark_session
+
+    pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="spark-start")
+    session = pool.submit(spark_session)
+    pool.shutdown(wait=False)
+    return session, jvm_launched
+
+
 def start_spark(master: str | None = None, remote: str | None = None) -> Any:
     """Start the Spark session and its Python workers ahead of a pull (seconds saved later)."""
     from spark_backend.spark.session import spark_session, warm_up
