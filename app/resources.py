@@ -262,9 +262,9 @@ def _stop_server(server: Any) -> None:
 def demo_server(seed: int, scale: float, dialect: str) -> Any:
     """One running demo server per (seed, scale, dialect) for the whole server process."""
     from spark_backend.demo.server import DemoServer
-    from spark_backend.demo.world import build_world
+    from spark_backend.jobs.pull import demo_world
 
-    server = DemoServer(build_world(seed, scale), dialect)
+    server = DemoServer(demo_world(seed, scale), dialect)
     server.start()
     return server
 
@@ -382,13 +382,13 @@ def start_bootstrap(path: str) -> Any:
             import concurrent.futures
 
             from spark_backend.demo.server import DemoServer
-            from spark_backend.demo.world import build_world
-            from spark_backend.jobs.pull import PullRequest, start_spark_early
+            from spark_backend.jobs.pull import PullRequest, demo_world, start_spark_early
 
             defaults = PullRequest(source="demo")
             spark, jvm_launched = start_spark_early()
             pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="bootstrap")
-            world = pool.submit(build_world, defaults.demo_seed, defaults.demo_scale)
+            # the world the slices' pulls use too (built once per process)
+            world = pool.submit(demo_world, defaults.demo_seed, defaults.demo_scale)
             pool.shutdown(wait=False)
             while not jvm_launched.wait(0.2):
                 if spark.done():

@@ -153,7 +153,7 @@ def _open_source(request: PullRequest) -> Iterator[_Source]:
 
         server = None
         if request.demo_host:  # the dashboard's server: only the world's bounds are needed
-            world = _demo_world(request.demo_seed, request.demo_scale)
+            world = demo_world(request.demo_seed, request.demo_scale)
             host = request.demo_host
         elif not request.demo_faults and request.demo_scale <= 1.0:
             # Kept for the process: the next pull of the same world skips building and
@@ -214,9 +214,9 @@ _demo_servers: dict[tuple, tuple[Any, Any]] = {}
 
 
 @functools.lru_cache(maxsize=2)
-def _demo_world(seed: int, scale: float) -> Any:
+def demo_world(seed: int, scale: float) -> Any:
     """The demo world, built once per process (a second each time otherwise: the dashboard's
-    first minute pulls it slice by slice)."""
+    first minute pulls it slice by slice); the dashboard's demo servers serve this one."""
     from spark_backend.demo.world import build_world
 
     return build_world(seed=seed, scale=scale)
@@ -231,7 +231,7 @@ def _warm_demo(seed: int, scale: float, dialect: str) -> tuple[Any, str]:
 
     key = (seed, scale, dialect)
     if key not in _demo_servers:
-        world = _demo_world(seed, scale)
+        world = demo_world(seed, scale)
         server = DemoServer(world, dialect=dialect,
                             remembered_queries=2 * len(world.partitions) + 8)
         server.start()
@@ -393,9 +393,8 @@ def _read_all(spark, cache, stream, pull_id, src, request, parts, end_ns, report
         batches, pending = pending, []
         before = total.records
         ingest_stream(cache, stream, pull_id, batches, on_chunk=total.count,
-                      extra_sql=lambda: [("UPDATE pulls SET records = records + ?, waves = ? "
-                                          "WHERE pull_id = ?",
-                                          [total.records - before, jobs.started, pull_id])])
+                      extra_sql=lambda: [_count_pull(pull_id, total.records - before,
+                                                     jobs.started)])
         result.records += total.records - before
         result.partitions_read = total.ended
         failures[:] = total.failed
@@ -463,9 +462,7 @@ def _read_here(spark, cache, stream, pull_id, src, request, parts, end_ns, repor
                                max_attempts=request.max_attempts)
         ingest_stream(cache, stream, pull_id, (to_arrow_batch(b) for b in batched(rows, 4096)),
                       on_chunk=wave.count,
-                      extra_sql=lambda w=wave: [("UPDATE pulls SET records = records + ?, "
-                                                 "waves = ? WHERE pull_id = ?",
-                                                 [w.records, result.waves, pull_id])])
+                      extra_sql=lambda w=wave: [_count_pull(pull_id, w.records, result.waves)])
         result.records += wave.records
         result.partitions_read += wave.ended
         failures += wave.failed
@@ -474,6 +471,13 @@ def _read_here(spark, cache, stream, pull_id, src, request, parts, end_ns, repor
         failed = {token for token, _ in failures}
         parts = [p for p in cache.frontier(stream, end_ns) if p[0] not in failed]
     return failures
+
+
+def _count_pull(pull_id: int, records: int, waves: int) -> tuple[str, list[Any]]:
+    """The statement that adds a landing's records to its pull (run in the landing's
+    transaction)."""
+    return ("UPDATE pulls SET records = records + ?, waves = ? WHERE pull_id = ?",
+            [records, waves, pull_id])
 
 
 def _record_kinds():
