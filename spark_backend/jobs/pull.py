@@ -573,6 +573,9 @@ def _read_all(spark, cache, stream, pull_id, src, request, parts, end_ns, report
                     results = pending.pop(number, [])
                     plan.task_ended(jobs.tasks.pop((number, task)), results)
                     launch()  # before landing: the next task does not wait for the cache
+                    arrived = sum(b.num_rows for b in results)
+                    report(PullProgress(jobs.started, result.partitions_read, known,
+                                        result.records + arrived, f"job {number}: reading"))
                     lander.put(results)
             launch()
     except InspectorError:
