@@ -77,6 +77,8 @@ def test_full_pull_equals_ground_truth(demo_pull):
     cache, result, progress, world = demo_pull
     assert result.status == "complete", result.error
     assert_equals_world(cache, "DemoStream", world)
+    # The records the pull reports: every record read once (the initial query's included).
+    assert result.records == len(truth_records(world)) + len(world.roots)
     # Every transaction complete, with the simulator's counts.
     counts = analysis.transactions(cache.con, "DemoStream")
     assert len(counts) == len(world.transactions)

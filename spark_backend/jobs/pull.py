@@ -533,6 +533,7 @@ def _read_all(spark, cache, stream, pull_id, src, request, parts, end_ns, report
     failures: list[tuple[str, str]] = []
     pending: dict[int, list[Any]] = {}
     known = cache.partition_count(stream)
+    before = result.records  # the initial query's
 
     def launch() -> None:
         if jobs.free_slots() <= 0 or not plan.ready:
@@ -552,7 +553,8 @@ def _read_all(spark, cache, stream, pull_id, src, request, parts, end_ns, report
                 lander.outstanding -= 1
                 if isinstance(item, BaseException):
                     raise item
-                _, frontier, failures[:], result.records, result.partitions_read, known = item
+                _, frontier, failures[:], landed, result.partitions_read, known = item
+                result.records = before + landed
                 failed = {token for token, _ in failures}
                 plan.offer([p for p in frontier if p[0] not in failed])
                 report(PullProgress(jobs.started, result.partitions_read, known,

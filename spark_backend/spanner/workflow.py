@@ -41,7 +41,7 @@ class _Workflow:
         self.max_rows = max_rows
         self.max_seconds = max_seconds
         self.stopping = threading.Event()
-        self.out: queue.Queue = queue.Queue(maxsize=20_000)
+        self.out: queue.Queue = queue.Queue(maxsize=4096)
         self.lock = threading.Lock()
         self.finished: set[str] = set()
         self.scheduled: set[str] = set()
