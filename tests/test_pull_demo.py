@@ -179,6 +179,23 @@ def test_faults_still_exact(spark, tmp_path):
     cache.close()
 
 
+def test_short_tasks_are_continued_by_the_next_ones_and_equal_ground_truth(spark, tmp_path):
+    """Tasks cut short (200 rows or half a second, the server 1 ms a response) are continued
+    by tasks the driver starts from their results before they land: many jobs, and the cache
+    holds exactly the world, every partition read to its end or the range end."""
+    world = build_world(scale=SMALL)
+    cache = Cache(tmp_path / "short.duckdb")
+    result = run_pull(cache, PullRequest(source="demo", demo_scale=SMALL,
+                                         max_rows_per_task=200, task_seconds=0.5,
+                                         demo_faults={"latency_ms": 1.0}))
+    assert result.status == "complete", result.error
+    assert result.waves > 10
+    assert_equals_world(cache, "DemoStream", world, heartbeats=False)
+    states = cache.partition_states("DemoStream")
+    assert set(states) <= {"finished", "open"} and sum(states.values()) == len(world.partitions)
+    cache.close()
+
+
 def test_interrupted_pull_leaves_a_consistent_cache_and_resumes(spark, tmp_path):
     world = build_world(scale=SMALL)
     mid = world.start + (world.end - world.start) // 2

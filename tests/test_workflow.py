@@ -155,3 +155,59 @@ def test_row_budget_stops_at_a_timestamp_and_the_next_wave_continues_right_after
     assert [r["ts_ns"] for r in second if r["kind"] == "heartbeat"] == [
         parse_ns(_ts(m)) for m in (20, 30, 40, 50)]
     cache.close()
+
+
+def _task_results(token_rows: dict[str, list[dict]], ends: list[dict]) -> list:
+    rows = [from_change_record(r, t) for t, records in token_rows.items() for r in records]
+    return [to_arrow_batch(rows + ends)]
+
+
+def test_the_driver_plans_the_next_task_from_a_tasks_results_as_the_cache_would(tmp_path):
+    """The driver starts the next task from a task's results before they land (``_Plan``):
+    a partition stopped for the budget continues right after its last timestamp (what the
+    cache's frontier says once they landed), a root the task never started is read from its
+    start, and a merge child whose parents two tasks read waits for both of them."""
+    from spark_backend.jobs.pull import _Plan
+
+    plan = _Plan(finished=set())
+    plan.offer([("child_token_1", T0), ("child_token_2", T0), ("child_token_3", T0)])
+    first = plan.take()
+    assert plan.reading == {"child_token_1", "child_token_2", "child_token_3"}
+    # Task A read 1 (stopped for its budget at 09:10) and 2 (finished: announces the merge).
+    a = _task_results(
+        {"child_token_1": [_heartbeat("2022-05-01T09:10:00Z")],
+         "child_token_2": [_heartbeat("2022-05-01T09:20:00Z"), MERGE_RECORD]},
+        [partition_end("child_token_1", "open", parse_ns("2022-05-01T09:10:00Z"),
+                       read_from=T0, stopped="budget"),
+         partition_end("child_token_2", "finished", T_MERGE, read_from=T0, end=T_MERGE)])
+    plan.task_ended([p for p in first if p[0] != "child_token_3"], a)
+    stopped_at = parse_ns("2022-05-01T09:10:00Z") + 1
+    assert plan.ready == {"child_token_1": stopped_at}  # not the merge child: 3 still reads
+    assert "child_token_4" in plan.waiting
+    # The cache, once A landed, says the same of partition 1.
+    cache = Cache(tmp_path / "plan.duckdb")
+    cache.ensure_stream("s", system="spanner")
+    pull = cache.begin_pull("s", "test", T0, END, 10_000)
+    cache.ingest("s", pull, pa.Table.from_batches(
+        [to_arrow_batch([from_change_record(r, None) for r in INITIAL])]))
+    cache.ingest("s", pull, pa.Table.from_batches(a))
+    assert ("child_token_1", stopped_at) in cache.frontier("s", END)
+    assert "child_token_4" not in dict(cache.frontier("s", END))
+    plan.take()
+    # Task B (partition 3) stopped before it started it: 3 is read again from its start.
+    plan.task_ended([("child_token_3", T0)], [to_arrow_batch([])])
+    assert plan.ready == {"child_token_3": T0} and "child_token_4" in plan.waiting
+    plan.take()
+    # Task C finished 3: the merge child is ready at its start, once.
+    c = _task_results({"child_token_3": [_heartbeat("2022-05-01T09:25:00Z"), MERGE_RECORD]},
+                      [partition_end("child_token_3", "finished", T_MERGE, read_from=T0,
+                                     end=T_MERGE)])
+    plan.task_ended([("child_token_3", T0)], c)
+    assert plan.ready == {"child_token_4": T_MERGE} and not plan.waiting
+    cache.ingest("s", pull, pa.Table.from_batches(c))
+    assert dict(cache.frontier("s", END))["child_token_4"] == T_MERGE
+    # A frontier asked later offers nothing already being read or read.
+    plan.take()
+    plan.offer(cache.frontier("s", END))
+    assert plan.ready == {}
+    cache.close()

@@ -470,6 +470,13 @@ class Cache:
         ).fetchall()
         return {state: int(n) for state, n in rows}
 
+    def finished_partitions(self, stream: str) -> set[str]:
+        """Tokens of the partitions of ``stream`` read to their end."""
+        rows = self.con.execute(
+            "SELECT token FROM partitions WHERE stream = ? AND state = 'finished'", [stream],
+        ).fetchall()
+        return {token for (token,) in rows}
+
     def close_running_pulls(self, stream: str) -> None:
         """Pulls of ``stream`` still marked running were cut off: mark them interrupted."""
         self.con.execute(

@@ -63,8 +63,9 @@ class PullRequest:
     emulator_host: str | None = None     # an already running, provisioned emulator (ditto)
     emulator_seconds: float = 20.0
     max_attempts: int = 6
-    threads_per_task: int = 32          # partitions a task reads at once (they mostly wait)
+    threads_per_task: int = 64          # partitions a task reads at once (they mostly wait)
     max_rows_per_task: int = 50_000     # bounds what one task hands to the driver
+    task_seconds: float = 5.0           # a task's results reach the driver when it ends
     # "spark": Spark's tasks read (the pull). "here": this process reads, without Spark: for a
     # small span while Spark is still starting (the dashboard's first minute); same reader,
     # same workflow, same landing.
@@ -284,52 +285,148 @@ class _Wave:
                 self.failed.append((token, detail.get("error") or "unknown error"))
 
 
+class _Plan:
+    """What the driver knows of the partitions while a pull runs, ahead of the cache.
+
+    A task's results say which of its partitions finished, which stopped for the task's
+    budget (and where), which it never started and which children their ends announced: the
+    next task is started from that at once, while the results still land. The cache stays
+    the record (a pull resumes from it), and its frontier is asked again after every landing
+    for anything this plan does not know (e.g. a merge child whose other parent finished in
+    an earlier pull: seeded with the finished partitions)."""
+
+    def __init__(self, finished: set[str]):
+        self.finished = set(finished)
+        self.done: set[str] = set()           # read to their end or the range end, or failed
+        self.reading: set[str] = set()
+        self.ready: dict[str, int] = {}       # token -> read from (UTC ns)
+        self.waiting: dict[str, tuple[frozenset[str], int]] = {}  # merge child -> parents
+
+    def offer(self, parts: list[tuple[str, int]]) -> None:
+        """Partitions the cache says can be read (those already known here are left)."""
+        for token, start in parts:
+            if token not in self.reading and token not in self.done and token not in self.ready:
+                self.waiting.pop(token, None)
+                self.ready[token] = start
+
+    def take(self) -> list[tuple[str, int]]:
+        parts, self.ready = list(self.ready.items()), {}
+        self.reading.update(token for token, _ in parts)
+        return parts
+
+    def task_ended(self, roots: list[tuple[str, int]], results: list[Any]) -> None:
+        """A task's ``results`` (Arrow batches) arrived: what can be read next."""
+        ends, children = _ends_and_children(results)
+        seen = set()
+        for token, state, budget, read_to in ends:
+            seen.add(token)
+            self.reading.discard(token)
+            if state == PartitionState.OPEN and budget:
+                self.ready[token] = read_to + 1  # as the cache's frontier continues it
+            else:
+                self.done.add(token)
+                if state == PartitionState.FINISHED:
+                    self.finished.add(token)
+        for token, start in roots:
+            self.reading.discard(token)
+            if token not in seen and token not in self.done:
+                self.ready.setdefault(token, start)  # not started: the task stopped first
+        for child, parents, start in children:
+            if (child not in seen and child not in self.done and child not in self.reading
+                    and child not in self.ready):
+                self.waiting[child] = (frozenset(parents), start)
+        for child, (parents, start) in list(self.waiting.items()):
+            if parents <= self.finished:
+                del self.waiting[child]
+                self.ready[child] = start
+
+
+def _ends_and_children(results: list[Any]) -> tuple[list[tuple], list[tuple]]:
+    """(token, state, stopped for the budget, read to) of each partition end row and (child,
+    parents, start) of each announced child, from a task's Arrow batches."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    ends: list[tuple] = []
+    children: list[tuple] = []
+    for batch in results:
+        kinds = batch.column("kind")
+        picked = batch.filter(pc.is_in(kinds, value_set=pa.array(
+            ["partition_end", "child_partitions"])))
+        for row in picked.select(["kind", "partition_token", "ts_ns", "extra",
+                                  "child_partitions"]).to_pylist():
+            if row["kind"] == "partition_end":
+                if row["partition_token"] is None:
+                    continue  # the task's own end marker
+                detail = json.loads(row["extra"] or "{}")
+                ends.append((row["partition_token"], detail.get("state"),
+                             detail.get("stopped") == "budget", row["ts_ns"]))
+            else:
+                for child in json.loads(row["child_partitions"] or "[]"):
+                    parents = [t for t in child["parent_partition_tokens"] if t]
+                    children.append((child["token"], parents or [row["partition_token"]],
+                                     row["ts_ns"]))
+    return ends, children
+
+
 _JOB_DONE = object()
+_LANDED = object()
 
 
 class _Jobs:
     """Spark jobs reading partitions, their results streamed back through Spark.
 
-    A job is started as soon as partitions become readable (the first ones; a merge child once
-    the tasks that read its parents landed; a partition a task left open for its row budget),
-    while earlier jobs still run: no wave waits for its slowest task. Every task ends its
-    results with a marker row; everything a task returned lands in ONE transaction when its
-    marker arrives, so the cache only ever holds whole task results (a crash loses at most the
-    tasks in flight, which the next pull reads again).
+    At most as many tasks run as Spark has slots (a task queued behind a running one would
+    leave its partitions unread for that task's time): a task that ends frees its slot for
+    the next one, started at once with what can be read then. Every task reads for at most
+    ``task_seconds`` (and ``max_rows_per_task`` rows) and ends its results with a marker
+    row; everything a task returned lands in ONE transaction, so the cache only ever holds
+    whole task results (a crash loses at most the tasks in flight, which the next pull reads
+    again).
     """
 
-    def __init__(self, spark, src, request, end_ns):
-        import queue
+    def __init__(self, spark, src, request, end_ns, events):
+        import threading
 
         from spark_backend.spark.session import task_slots
 
         self.spark, self.src, self.request, self.end_ns = spark, src, request, end_ns
         self.slots = task_slots(spark)
-        self.results: queue.Queue = queue.Queue(maxsize=8)  # bounded: back-pressure to Spark
-        self.running: dict[int, set[str]] = {}
+        self.events = events
+        self.in_flight = threading.Semaphore(8)  # batches not taken yet: back-pressure
+        self.closed = False
+        self.tasks: dict[tuple[int, int], list[tuple[str, int]]] = {}  # running -> roots
+        self.jobs: set[int] = set()
         self.started = 0
         # Spark Connect: processes of the tool share one server-side session, so this pull's
         # operations carry a tag of their own and only they are interrupted on failure.
         self.tag = f"csi-pull-{os.getpid()}-{id(self):x}"
 
-    def reading(self) -> set[str]:
-        return set().union(*self.running.values()) if self.running else set()
+    def free_slots(self) -> int:
+        return self.slots - len(self.tasks)
 
     def start(self, parts: list[tuple[str, int]]) -> None:
+        """One job of ``min(free slots, len(parts))`` tasks reading ``parts``."""
         import threading
 
+        n = max(1, min(self.free_slots(), len(parts)))
+        groups = [parts[i::n] for i in range(n)]
         self.started += 1
         number = self.started
-        self.running[number] = {token for token, _ in parts}
+        self.jobs.add(number)
+        for index, group in enumerate(groups):
+            self.tasks[(number, index)] = group
         options = {
             "project": self.src.target.project, "instance": self.src.target.instance,
             "database": self.src.target.database, "dialect": self.src.target.dialect,
             "host": self.src.target.host or "", "stream": self.src.source_stream,
             "heartbeat_ms": str(self.request.heartbeat_ms), "end_ns": str(self.end_ns),
             "max_attempts": str(self.request.max_attempts),
-            "tasks": str(self.slots), "threads": str(self.request.threads_per_task),
-            "max_rows": str(self.request.max_rows_per_task), "task_markers": "true",
-            "partitions": json.dumps([{"token": t, "start_ns": s} for t, s in parts]),
+            "threads": str(self.request.threads_per_task),
+            "max_rows": str(self.request.max_rows_per_task),
+            "max_seconds": str(self.request.task_seconds), "task_markers": "true",
+            "groups": json.dumps([[{"token": t, "start_ns": s} for t, s in group]
+                                  for group in groups]),
         }
         threading.Thread(target=self._run, args=(number, options), daemon=True,
                          name=f"pull-job-{number}").start()
@@ -342,10 +439,13 @@ class _Jobs:
                 self.spark.addTag(self.tag)  # this thread's operations
             df = self.spark.read.format("spanner_change_stream").options(**options).load()
             for batch in arrow_batches(self.spark, df):
-                self.results.put((number, batch))
-            self.results.put((number, _JOB_DONE))
+                while not self.in_flight.acquire(timeout=0.5):
+                    if self.closed:
+                        return  # the pull ended: nobody takes it
+                self.events.put((number, batch))
+            self.events.put((number, _JOB_DONE))
         except BaseException as e:
-            self.results.put((number, e))
+            self.events.put((number, e))
 
     def cancel(self) -> None:
         from spark_backend.spark.session import is_remote
@@ -358,74 +458,128 @@ class _Jobs:
                 self.spark.interruptTag(self.tag)
 
 
-def _task_ends(batch: Any) -> tuple[Any, bool]:
-    """(the batch without task-end markers, whether it held one)."""
+def _task_ends(batch: Any) -> tuple[Any, int | None]:
+    """(the batch without its task-end marker, the index of the task it ended, if any)."""
     import pyarrow.compute as pc
 
     marker = pc.and_(pc.equal(batch.column("kind"), "partition_end"),
                      pc.is_null(batch.column("partition_token")))
     if not pc.any(marker).as_py():
-        return batch, False
-    return batch.filter(pc.invert(marker)), True
+        return batch, None
+    extra = batch.filter(marker).column("extra")[0].as_py()
+    return batch.filter(pc.invert(marker)), int(json.loads(extra)["task"])
+
+
+class _Lander:
+    """Lands tasks' results in the cache on a thread of its own, in the order they arrived,
+    while the driver starts the next tasks; after each landing it asks the cache's frontier
+    and posts ``(None, (_LANDED, frontier, failures, records))`` to the driver's events.
+    Only this thread touches the cache while the pull reads."""
+
+    def __init__(self, cache, stream, pull_id, end_ns, jobs, events):
+        import queue
+        import threading
+
+        self.cache, self.stream, self.pull_id, self.end_ns = cache, stream, pull_id, end_ns
+        self.jobs, self.events = jobs, events
+        self.total = _Wave(0)
+        self.todo: queue.Queue = queue.Queue(maxsize=2)  # bounded: the driver waits for it
+        self.outstanding = 0
+        self.thread = threading.Thread(target=self._run, daemon=True, name="pull-lander")
+        self.thread.start()
+
+    def put(self, batches: list[Any]) -> None:
+        self.outstanding += 1
+        self.todo.put(batches)
+
+    def close(self) -> None:
+        self.todo.put(None)
+        self.thread.join()
+
+    def _run(self) -> None:
+        from spark_backend.cache.ingest import ingest_stream
+
+        while True:
+            batches = self.todo.get()
+            if batches is None:
+                return
+            try:
+                before = self.total.records
+                ingest_stream(self.cache, self.stream, self.pull_id, batches,
+                              on_chunk=self.total.count,
+                              extra_sql=lambda b=before: [_count_pull(
+                                  self.pull_id, self.total.records - b, self.jobs.started)])
+                landed = (_LANDED, self.cache.frontier(self.stream, self.end_ns),
+                          list(self.total.failed), self.total.records, self.total.ended,
+                          self.cache.partition_count(self.stream))
+            except BaseException as e:
+                landed = e
+            self.events.put((None, landed))
 
 
 def _read_all(spark, cache, stream, pull_id, src, request, parts, end_ns, report,
               result) -> list[tuple[str, str]]:
     """Read ``parts`` and every partition they lead to; returns [(partition, error)] of the
     partitions that failed (everything that does not depend on them is read)."""
-    from spark_backend.cache.ingest import ingest_stream
+    import queue
+
     from spark_backend.spark.session import SparkUnavailable, one_line, spark_log_path
 
-    jobs = _Jobs(spark, src, request, end_ns)
-    total = _Wave(0)
+    events: queue.Queue = queue.Queue()
+    jobs = _Jobs(spark, src, request, end_ns, events)
+    plan = _Plan(cache.finished_partitions(stream))
+    plan.offer(parts)
+    lander = _Lander(cache, stream, pull_id, end_ns, jobs, events)
     failures: list[tuple[str, str]] = []
-    pending: list[Any] = []
+    pending: dict[int, list[Any]] = {}
+    known = cache.partition_count(stream)
+    before = result.records  # the initial query's
 
-    def launch(readable: list[tuple[str, int]]) -> None:
+    def launch() -> None:
+        if jobs.free_slots() <= 0 or not plan.ready:
+            return
+        readable = plan.take()
         jobs.start(readable)
         result.waves = jobs.started
-        report(PullProgress(jobs.started, total.ended, cache.partition_count(stream),
-                            result.records, f"job {jobs.started}: reading {len(readable)} "
-                            "partitions and the children they lead to"))
+        report(PullProgress(jobs.started, result.partitions_read, known, result.records,
+                            f"job {jobs.started}: reading {len(readable)} partitions and the "
+                            "children they lead to"))
 
-    def land() -> None:
-        nonlocal pending
-        batches, pending = pending, []
-        before = total.records
-        ingest_stream(cache, stream, pull_id, batches, on_chunk=total.count,
-                      extra_sql=lambda: [_count_pull(pull_id, total.records - before,
-                                                     jobs.started)])
-        result.records += total.records - before
-        result.partitions_read = total.ended
-        failures[:] = total.failed
-        report(PullProgress(jobs.started, total.ended, cache.partition_count(stream),
-                            result.records, "landed"))
-
-    def readable() -> list[tuple[str, int]]:
-        busy = jobs.reading() | {token for token, _ in failures}
-        return [p for p in cache.frontier(stream, end_ns) if p[0] not in busy]
-
-    launch(parts)
+    launch()
     try:
-        while jobs.running:
-            number, item = jobs.results.get()
-            if item is _JOB_DONE:
-                del jobs.running[number]
+        while jobs.tasks or lander.outstanding or plan.ready:
+            number, item = events.get()
+            if number is None:  # a landing
+                lander.outstanding -= 1
+                if isinstance(item, BaseException):
+                    raise item
+                _, frontier, failures[:], landed, result.partitions_read, known = item
+                result.records = before + landed
+                failed = {token for token, _ in failures}
+                plan.offer([p for p in frontier if p[0] not in failed])
+                report(PullProgress(jobs.started, result.partitions_read, known,
+                                    result.records, "landed"))
+            elif item is _JOB_DONE:
+                jobs.jobs.discard(number)
+                if any(job == number for job, _ in jobs.tasks):
+                    raise RuntimeError(f"Spark job {number} ended without all of its tasks' "
+                                       "results")
             elif isinstance(item, BaseException):
                 raise item
             else:
-                batch, task_ended = _task_ends(item)
+                jobs.in_flight.release()
+                batch, task = _task_ends(item)
                 if batch.num_rows:
-                    pending.append(batch)
-                if not task_ended:
-                    continue
-                arrived = sum(b.num_rows for b in pending)
-                report(PullProgress(jobs.started, total.ended, cache.partition_count(stream),
-                                    result.records + arrived, f"job {number}: reading"))
-                land()
-            more = readable()
-            if more:
-                launch(more)
+                    pending.setdefault(number, []).append(batch)
+                if task is not None:
+                    results = pending.pop(number, [])
+                    plan.task_ended(jobs.tasks.pop((number, task)), results)
+                    launch()  # before landing: the next task does not wait for the cache
+                    arrived = sum(b.num_rows for b in results)
+                    report(PullProgress(jobs.started, result.partitions_read, known,
+                                        result.records + arrived, f"job {number}: reading"))
+                    lander.put(results)
+            launch()
     except InspectorError:
         jobs.cancel()
         raise
@@ -437,6 +591,9 @@ def _read_all(spark, cache, stream, pull_id, src, request, parts, end_ns, report
             f"A Spark job of the pull failed ({one_line(e)}); every task that finished before "
             f"is kept, pull again to resume; Spark's log is {spark_log_path()}."
         ) from e
+    finally:
+        jobs.closed = True
+        lander.close()  # what arrived lands, even when the pull fails
     return failures
 
 

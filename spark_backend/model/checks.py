@@ -87,5 +87,8 @@ def pull_values(request: Any) -> None:
            field="emulator_seconds")
     integer(request.max_attempts, "max_attempts", 1, 100, field="max_attempts")
     integer(request.threads_per_task, "threads_per_task", 1, 256, field="threads_per_task")
+    integer(request.max_rows_per_task, "max_rows_per_task", 100, 10_000_000,
+            field="max_rows_per_task")
+    number(request.task_seconds, "task_seconds", 0.5, 3600, "seconds", field="task_seconds")
     spark_master(request.spark_master)
     spark_remote(request.spark_remote)

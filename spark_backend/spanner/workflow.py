@@ -8,10 +8,13 @@ it in the next wave, once the cache shows every parent finished (tasks share not
 network, so the hand-over goes through the results of the job). Either way every partition is
 read exactly once, after all its parents.
 
-``max_rows`` bounds what one task returns: after that many rows, each read stops at its next
-new timestamp and ends with a ``partition_end`` row in state ``open`` at the last timestamp
-read in full (``stopped: "budget"``); nothing new is started. The next wave continues those
-partitions right after it.
+``max_rows`` bounds what one task returns and ``max_seconds`` how long it reads: after that many
+rows or seconds, each read stops at its next new timestamp and ends with a ``partition_end`` row
+in state ``open`` at the last timestamp read in full (``stopped: "budget"``); nothing new is
+started. The driver continues those partitions right after it in a task of its own. A Spark
+task's results reach the driver only when the task ends, so short tasks are what lets results
+land as they come and a merge child start soon after its parents (read by different tasks)
+finished.
 
 Rows stream out through a bounded queue: memory does not grow with the number of records.
 """
@@ -32,12 +35,13 @@ _DONE = object()
 
 class _Workflow:
     def __init__(self, read: Callable[[str, int], Iterator[dict]], threads: int, follow: bool,
-                 max_rows: int | None = None):
+                 max_rows: int | None = None, max_seconds: float | None = None):
         self.read = read
         self.follow = follow
         self.max_rows = max_rows
+        self.max_seconds = max_seconds
         self.stopping = threading.Event()
-        self.out: queue.Queue = queue.Queue(maxsize=20_000)
+        self.out: queue.Queue = queue.Queue(maxsize=4096)
         self.lock = threading.Lock()
         self.finished: set[str] = set()
         self.scheduled: set[str] = set()
@@ -125,6 +129,11 @@ class _Workflow:
             return
         for token, start in roots:
             self.submit(token, start)
+        timer = None
+        if self.max_seconds is not None:
+            timer = threading.Timer(self.max_seconds, self.stopping.set)
+            timer.daemon = True
+            timer.start()
         for t in self.threads:
             t.start()
         try:
@@ -137,6 +146,8 @@ class _Workflow:
                     continue
                 yield row
         finally:
+            if timer is not None:
+                timer.cancel()
             for _ in self.threads:
                 self.work.put(_DONE)
         if self.error is not None:
@@ -146,14 +157,14 @@ class _Workflow:
 def read_partitions(
     database, dialect: str, stream: str, roots: list[tuple[str, int]], end_ns: int,
     heartbeat_ms: int, *, threads: int = 8, follow_children: bool = True,
-    max_attempts: int = 6, max_rows: int | None = None,
+    max_attempts: int = 6, max_rows: int | None = None, max_seconds: float | None = None,
 ) -> Iterator[dict[str, Any]]:
     """Rows of ``roots`` (token, start) and, with ``follow_children``, of their descendants
     that can be read here; ``threads`` partitions are read at the same time; ``max_rows``
-    bounds the rows returned (see the module doc)."""
+    and ``max_seconds`` bound the rows returned and the time taken (see the module doc)."""
 
     def read(token: str, start_ns: int) -> Iterator[dict]:
         return read_partition_rows(database, dialect, stream, token, start_ns, end_ns,
                                    heartbeat_ms, max_attempts=max_attempts)
 
-    yield from _Workflow(read, threads, follow_children, max_rows).rows(roots)
+    yield from _Workflow(read, threads, follow_children, max_rows, max_seconds).rows(roots)

@@ -45,13 +45,15 @@ def _require(options: dict, name: str) -> str:
 
 class SpannerChangeStreamDataSource(DataSource):
     """Options: project, instance, database, dialect, host (optional), stream, heartbeat_ms,
-    end_ns, partitions (JSON list of {"token", "start_ns"}), max_attempts, tasks (how many
-    input partitions; default one per change stream partition), threads (partitions a task
+    end_ns, partitions (JSON list of {"token", "start_ns"}), groups (instead of partitions and
+    tasks: a JSON list of such lists, one per task, in task order), max_attempts, tasks (how
+    many input partitions; default one per change stream partition), threads (partitions a task
     reads at the same time, default 8), follow_children ("true": a task goes on with the
     children it can read itself), max_rows (a task stops its reads at the next timestamp
-    after this many rows, leaving them ``open`` for the next wave: bounds what a task hands
-    to the driver), task_markers ("true": each task ends with a ``partition_end`` row without
-    a partition, so the driver knows it has all of a task's rows), warm_up (N: N tasks that
+    after this many rows, leaving them ``open`` for the next task: bounds what a task hands
+    to the driver), max_seconds (the same after this many seconds), task_markers ("true":
+    each task ends with a ``partition_end`` row without a partition, naming the task's index,
+    so the driver knows it has all of a task's rows), warm_up (N: N tasks that
     only import the reader; no rows).
 
     Nothing is written anywhere: rows (and each partition's end row, the progress) travel to
@@ -86,16 +88,25 @@ class SpannerChangeStreamDataSourceReader(DataSourceReader):
         self.end_ns = int(_require(options, "end_ns"))
         self.max_attempts = int(options.get("max_attempts", "6"))
         try:
-            parts = json.loads(_require(options, "partitions"))
-            self.parts = [(p["token"], int(p["start_ns"])) for p in parts]
+            if options.get("groups"):
+                self.groups = [[(p["token"], int(p["start_ns"])) for p in group]
+                               for group in json.loads(options["groups"])]
+            else:
+                self.groups = None
+                parts = json.loads(_require(options, "partitions"))
+                self.parts = [(p["token"], int(p["start_ns"])) for p in parts]
         except (ValueError, KeyError, TypeError) as e:
             raise ValueError(
-                'Option "partitions" must be a JSON list of {"token": ..., "start_ns": ...}.'
+                'Option "partitions" must be a JSON list of {"token": ..., "start_ns": ...} '
+                '(and "groups" a JSON list of such lists).'
             ) from e
+        if self.groups is not None:
+            self.parts = [p for group in self.groups for p in group]
         self.tasks = int(options.get("tasks", "0")) or max(1, len(self.parts))
         self.threads = int(options.get("threads", "8"))
         self.follow = options.get("follow_children", "true").lower() == "true"
         self.max_rows = int(options.get("max_rows", "0")) or None
+        self.max_seconds = float(options.get("max_seconds", "0")) or None
         self.warm_up = int(options.get("warm_up", "0"))
         self.task_markers = options.get("task_markers", "false").lower() == "true"
         if self.tasks < 1 or self.threads < 1:
@@ -105,6 +116,8 @@ class SpannerChangeStreamDataSourceReader(DataSourceReader):
     def partitions(self) -> list[ChangeStreamPartition]:
         if self.warm_up:
             return [ChangeStreamPartition(i, []) for i in range(self.warm_up)]
+        if self.groups is not None:
+            return [ChangeStreamPartition(i, g) for i, g in enumerate(self.groups)]
         groups: list[list[tuple[str, int]]] = [[] for _ in range(min(self.tasks, len(self.parts)))]
         for i, part in enumerate(self.parts):
             groups[i % len(groups)].append(part)
@@ -127,7 +140,7 @@ class SpannerChangeStreamDataSourceReader(DataSourceReader):
             database, self.dialect, self.stream, [tuple(p) for p in partition.parts],
             self.end_ns, self.heartbeat_ms, threads=self.threads,
             follow_children=self.follow, max_attempts=self.max_attempts,
-            max_rows=self.max_rows,
+            max_rows=self.max_rows, max_seconds=self.max_seconds,
         )
         for batch in batched(rows, BATCH_ROWS):
             yield to_arrow_batch(batch)

@@ -237,7 +237,12 @@ def _classic_session(master: str):
         .set("spark.sql.shuffle.partitions", "4")
         .set("spark.python.worker.reuse", "true")
         .set("spark.sql.execution.arrow.pyspark.enabled", "true")
-        .set("spark.driver.memory", "512m")  # results stream through: a small heap will do
+        # The driver's JVM holds little (a task's results on their way to Python, ~50 MB
+        # live after a pull; Spark asks for 450 MB at least): a heap grown only as needed and a
+        # small code cache.
+        .set("spark.driver.memory", os.environ.get("CSI_SPARK_DRIVER_MEMORY", "512m"))
+        .set("spark.driver.extraJavaOptions", os.environ.get(
+            "CSI_SPARK_DRIVER_JAVA_OPTIONS", "-XX:+UseSerialGC -XX:ReservedCodeCacheSize=96m"))
         .set("spark.executor.memory", "1g")
     )
     log = open(spark_log_path(), "ab")  # the JVM keeps its own descriptor
