@@ -209,12 +209,8 @@ def _bench_server(world, dialect: str, latency_ms: float):
                     head.CopyFrom(prs)
                     head.metadata.row_type.CopyFrom(self._row_type)
                     prs = head
-                if delay > 0:
-                    time.sleep(delay)
-                if not context.is_active():
+                if not self._paced(delay, n_rows, context):
                     return
-                self._count("responses")
-                self._count("rows", n_rows)
                 yield prs
 
     return BenchServer(world, dialect=dialect, latency_ms=latency_ms,

@@ -816,16 +816,22 @@ class DemoServer:
                 self._count("cuts")
                 context.abort(grpc.StatusCode.UNAVAILABLE,
                               f"Demo server: injected stream cut after {sent} responses")
-            if delay > 0:
-                time.sleep(delay)
-            if not context.is_active():
+            if not self._paced(delay, n_rows, context):
                 return
-            self._count("responses")
-            self._count("rows", n_rows)
             if prs.chunked_value:
                 self._count("chunked")
             sent += 1
             yield prs
+
+    def _paced(self, delay: float, n_rows: int, context) -> bool:
+        """Wait the simulated latency before a response and count it; False: the client left."""
+        if delay > 0:
+            time.sleep(delay)
+        if not context.is_active():
+            return False
+        self._count("responses")
+        self._count("rows", n_rows)
+        return True
 
     # ------------------------------------------------------------------ response building
 

@@ -1,10 +1,11 @@
 """Pull orchestration: read a time range of a change stream through Spark into the cache.
 
-The query workflow of the reference doc, wave by wave: the initial query (NULL token) runs on
-the driver and names the first partitions; each wave reads every partition that can be read now
-(a child with several parents only once all of them finished) in parallel, one Spark task per
-partition, from its start to the range end; each wave lands in the cache in one transaction.
-The cache remembers every partition's state, so a pull that stopped half-way (a crash, a
+The query workflow of the reference doc: the initial query (NULL token) runs on the driver and
+names the first partitions; then Spark tasks, at most one per task slot, read every partition
+that can be read now (a child with several parents only once all of them finished), each for a
+few seconds; from a task's results the driver starts the next task at once and lands the results
+in the cache, one transaction per task, on a thread of its own (``_read_all``). The cache
+remembers every partition's state, so a pull that stopped half-way (a crash, a
 failing partition) is resumed by pulling again, and a later end reads only the new span.
 """
 
@@ -396,7 +397,6 @@ class _Jobs:
         self.in_flight = threading.Semaphore(8)  # batches not taken yet: back-pressure
         self.closed = False
         self.tasks: dict[tuple[int, int], list[tuple[str, int]]] = {}  # running -> roots
-        self.jobs: set[int] = set()
         self.started = 0
         # Spark Connect: processes of the tool share one server-side session, so this pull's
         # operations carry a tag of their own and only they are interrupted on failure.
@@ -413,7 +413,6 @@ class _Jobs:
         groups = [parts[i::n] for i in range(n)]
         self.started += 1
         number = self.started
-        self.jobs.add(number)
         for index, group in enumerate(groups):
             self.tasks[(number, index)] = group
         options = {
@@ -560,7 +559,6 @@ def _read_all(spark, cache, stream, pull_id, src, request, parts, end_ns, report
                 report(PullProgress(jobs.started, result.partitions_read, known,
                                     result.records, "landed"))
             elif item is _JOB_DONE:
-                jobs.jobs.discard(number)
                 if any(job == number for job, _ in jobs.tasks):
                     raise RuntimeError(f"Spark job {number} ended without all of its tasks' "
                                        "results")
