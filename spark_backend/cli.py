@@ -140,11 +140,13 @@ def _check_cache_path(path: str, must_exist: bool = False) -> None:
         raise BadInput(f"No cache file at {path}; pull or import a stream first.", field="cache")
 
 
-def _open_cache(path: str, must_exist: bool = False):
+def _open_cache(path: str, must_exist: bool = False, *, landing: bool = False):
+    """``landing``: this process pulls or imports into the cache and queries little."""
     from spark_backend.cache.store import Cache
 
     _check_cache_path(path, must_exist)
-    return Cache(path)
+    return Cache(path, memory_limit=config.PULL_MEMORY_LIMIT if landing
+                 else config.DEFAULT_MEMORY_LIMIT)
 
 
 # Options each format reads (``--table`` is accepted by every format).
@@ -262,7 +264,7 @@ def cmd_pull(args) -> int:
 
     request = _request(args)
     progress = _Progress()
-    with _open_cache(args.cache) as cache:
+    with _open_cache(args.cache, landing=True) as cache:
         result = run_pull(cache, request, progress)
     progress.done()
     if result.status == "failed":
@@ -299,7 +301,7 @@ def cmd_import(args) -> int:
 
     options = _options(args)
     progress = _Progress()
-    with _open_cache(args.cache) as cache:
+    with _open_cache(args.cache, landing=True) as cache:
         result = import_files(cache, args.stream, args.format, args.paths, options, progress,
                               spark_master=args.spark_master,
                               spark_remote=args.spark_remote)

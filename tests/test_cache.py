@@ -85,3 +85,18 @@ def test_memory_setting_is_validated(tmp_path, monkeypatch):
     monkeypatch.setenv("CSI_DUCKDB_MEMORY", "lots")
     with pytest.raises(CacheError, match="is not a size"):
         Cache(tmp_path / "m.duckdb")
+
+
+def test_a_pulling_process_caps_duckdb_lower_and_the_environment_overrides(tmp_path, monkeypatch):
+    from spark_backend.cli import _open_cache
+
+    def limit(cache):
+        (value,) = cache.con.execute("SELECT current_setting('memory_limit')").fetchone()
+        cache.close()
+        return value
+
+    monkeypatch.delenv("CSI_DUCKDB_MEMORY", raising=False)
+    assert limit(_open_cache(str(tmp_path / "pull.duckdb"), landing=True)).startswith("366")
+    assert limit(_open_cache(str(tmp_path / "look.duckdb"))).startswith("953")
+    monkeypatch.setenv("CSI_DUCKDB_MEMORY", "2GB")
+    assert limit(_open_cache(str(tmp_path / "big.duckdb"), landing=True)).startswith("1.8")

@@ -160,29 +160,50 @@ def _data_change(con, stream, pull_id, count_existing) -> tuple[int, int]:
 
 
 def _transactions(con, stream) -> None:
-    """Fold the batch's new records into the per-transaction summary."""
+    """Fold the batch's new records into the per-transaction summary.
+
+    Transactions the cache knows are updated, the others inserted: two set-based statements.
+    (``INSERT ... ON CONFLICT DO UPDATE`` took 0.8 s a landing on a 1M-record cache, where a
+    third of a landing's transactions are known: their other partitions landed before.)
+    """
+    con.execute(
+        """CREATE OR REPLACE TEMP TABLE _tx AS
+        SELECT g.*, t.server_transaction_id IS NOT NULL AS known
+        FROM (SELECT server_transaction_id, make_timestamp_ns(min(ts_ns)) AS commit_timestamp,
+                     count(*) AS records_seen, max(n_records) AS records_expected,
+                     list_sort(list(DISTINCT partition_token)) AS partitions,
+                     max(n_partitions) AS partitions_expected,
+                     list_sort(list(DISTINCT table_name)) AS tables,
+                     list_sort(list(DISTINCT mod_type)) AS mod_types,
+                     any_value(transaction_tag) AS transaction_tag,
+                     sum(coalesce(json_array_length(mods), 0)) AS mods
+              FROM _dc WHERE NOT known AND server_transaction_id IS NOT NULL
+              GROUP BY server_transaction_id) g
+        LEFT JOIN transactions t
+          ON t.stream = $stream AND t.server_transaction_id = g.server_transaction_id""",
+        {"stream": stream},
+    )
+    con.execute(
+        """UPDATE transactions t SET
+            commit_timestamp = least(t.commit_timestamp, x.commit_timestamp),
+            records_seen = t.records_seen + x.records_seen,
+            records_expected = greatest(t.records_expected, x.records_expected),
+            partitions = list_sort(list_distinct(list_concat(t.partitions, x.partitions))),
+            partitions_expected = greatest(t.partitions_expected, x.partitions_expected),
+            tables = list_sort(list_distinct(list_concat(t.tables, x.tables))),
+            mod_types = list_sort(list_distinct(list_concat(t.mod_types, x.mod_types))),
+            transaction_tag = coalesce(t.transaction_tag, x.transaction_tag),
+            mods = t.mods + x.mods
+        FROM _tx x
+        WHERE x.known AND t.stream = $stream
+          AND t.server_transaction_id = x.server_transaction_id""",
+        {"stream": stream},
+    )
     con.execute(
         """INSERT INTO transactions
-        SELECT $stream, server_transaction_id, make_timestamp_ns(min(ts_ns)), count(*),
-               max(n_records), list_sort(list(DISTINCT partition_token)), max(n_partitions),
-               list_sort(list(DISTINCT table_name)), list_sort(list(DISTINCT mod_type)),
-               any_value(transaction_tag), sum(coalesce(json_array_length(mods), 0))
-        FROM _dc WHERE NOT known AND server_transaction_id IS NOT NULL
-        GROUP BY server_transaction_id
-        ON CONFLICT (stream, server_transaction_id) DO UPDATE SET
-            commit_timestamp = least(transactions.commit_timestamp, excluded.commit_timestamp),
-            records_seen = transactions.records_seen + excluded.records_seen,
-            records_expected = greatest(transactions.records_expected,
-                                        excluded.records_expected),
-            partitions = list_sort(list_distinct(list_concat(transactions.partitions,
-                                                             excluded.partitions))),
-            partitions_expected = greatest(transactions.partitions_expected,
-                                           excluded.partitions_expected),
-            tables = list_sort(list_distinct(list_concat(transactions.tables, excluded.tables))),
-            mod_types = list_sort(list_distinct(list_concat(transactions.mod_types,
-                                                            excluded.mod_types))),
-            transaction_tag = coalesce(transactions.transaction_tag, excluded.transaction_tag),
-            mods = transactions.mods + excluded.mods""",
+        SELECT $stream, server_transaction_id, commit_timestamp, records_seen, records_expected,
+               partitions, partitions_expected, tables, mod_types, transaction_tag, mods
+        FROM _tx WHERE NOT known""",
         {"stream": stream},
     )
 

@@ -36,8 +36,8 @@ def validate_cache_stream_name(name: str) -> str:
     return name
 
 
-def _memory_limit() -> str:
-    value = os.environ.get(MEMORY_ENVVAR, DEFAULT_MEMORY_LIMIT)
+def _memory_limit(default: str = DEFAULT_MEMORY_LIMIT) -> str:
+    value = os.environ.get(MEMORY_ENVVAR, default)
     if not re.fullmatch(r"\d+(\.\d+)?\s*(KB|MB|GB|KiB|MiB|GiB)", value, re.IGNORECASE):
         raise CacheError(f"{MEMORY_ENVVAR}={value!r} is not a size; use e.g. 2GB or 512MB.")
     return value
@@ -80,10 +80,11 @@ def _check_path(path: Path, read_only: bool) -> None:
                          f"{e.strerror or e}.") from e
 
 
-def _connect(path: Path, read_only: bool) -> duckdb.DuckDBPyConnection:
+def _connect(path: Path, read_only: bool, memory_limit: str) -> duckdb.DuckDBPyConnection:
     # A pull commits once per task's results: checkpointing at every commit (DuckDB's default
-    # past 16 MB of WAL) was a third of the landing time. The WAL is replayed after a crash.
-    config = {**LOCKED_DOWN, "memory_limit": _memory_limit(), "checkpoint_threshold": "256MB"}
+    # past 16 MB of WAL) was a third of the landing time; until a checkpoint, what was written
+    # stays in memory too (256 MB of WAL held ~300 MB). The WAL is replayed after a crash.
+    config = {**LOCKED_DOWN, "memory_limit": memory_limit, "checkpoint_threshold": "64MB"}
     try:
         return duckdb.connect(str(path), read_only=read_only, config=config)
     except duckdb.ConnectionException as e:
@@ -212,11 +213,14 @@ class Cache:
     cannot open a file a writer holds.
     """
 
-    def __init__(self, path: str | Path, read_only: bool = False):
+    def __init__(self, path: str | Path, read_only: bool = False, *,
+                 memory_limit: str = DEFAULT_MEMORY_LIMIT):
+        """``memory_limit``: DuckDB's cap in this process unless ``$CSI_DUCKDB_MEMORY`` sets
+        one (``PULL_MEMORY_LIMIT`` for a process that only pulls or imports)."""
         self.path = Path(path)
         self.read_only = read_only
         _check_path(self.path, read_only)
-        self.con = _connect(self.path, read_only)
+        self.con = _connect(self.path, read_only, _memory_limit(memory_limit))
         try:
             _check_ours(self.con, self.path)
         except BaseException:

@@ -16,6 +16,10 @@ CACHE_ENVVAR = "CSI_CACHE"
 DEFAULT_CACHE = Path.home() / ".cache" / "changestream-inspector" / "cache.duckdb"
 MEMORY_ENVVAR = "CSI_DUCKDB_MEMORY"
 DEFAULT_MEMORY_LIMIT = "1GB"  # DuckDB's cap for the cache; larger work spills to disk
+# ... in a process that only pulls or imports (the CLI, the benchmark): landing reads back
+# little of what it wrote, and a buffer pool grown to 1 GB was a third of a 1M-record pull's
+# memory. Both give way to $CSI_DUCKDB_MEMORY.
+PULL_MEMORY_LIMIT = "384MB"
 
 DEFAULT_HEARTBEAT_MS = 10_000
 MIN_HEARTBEAT_MS = 1_000

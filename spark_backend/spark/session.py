@@ -237,12 +237,14 @@ def _classic_session(master: str):
         .set("spark.sql.shuffle.partitions", "4")
         .set("spark.python.worker.reuse", "true")
         .set("spark.sql.execution.arrow.pyspark.enabled", "true")
-        # The driver's JVM holds little (a task's results on their way to Python, ~50 MB
-        # live after a pull; Spark asks for 450 MB at least): a heap grown only as needed and a
-        # small code cache.
+        # The driver's JVM holds little (tasks' results on their way to Python; Spark asks for
+        # a 450 MB heap at least): a heap that starts small (not 1/64 of the machine's memory)
+        # and gives back what it does not need, and a small code cache.
         .set("spark.driver.memory", os.environ.get("CSI_SPARK_DRIVER_MEMORY", "512m"))
         .set("spark.driver.extraJavaOptions", os.environ.get(
-            "CSI_SPARK_DRIVER_JAVA_OPTIONS", "-XX:+UseSerialGC -XX:ReservedCodeCacheSize=96m"))
+            "CSI_SPARK_DRIVER_JAVA_OPTIONS",
+            "-XX:+UseSerialGC -Xms32m -XX:MinHeapFreeRatio=10 -XX:MaxHeapFreeRatio=30 "
+            "-XX:ReservedCodeCacheSize=96m"))
         .set("spark.executor.memory", "1g")
     )
     log = open(spark_log_path(), "ab")  # the JVM keeps its own descriptor
