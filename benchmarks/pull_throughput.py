@@ -94,13 +94,36 @@ def _pss_kb(pid: int) -> int:
 def tree_pss(pid: int) -> int:
     """Proportional set size (kB) of a process and its descendants: shared pages (forked
     Python workers, libraries) counted once in all, unlike a sum of RSS."""
+    return sum(tree_pss_by_kind(pid).values())
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def tree_pss_by_kind(pid: int) -> dict[str, int]:
+    """PSS (kB) of a process tree by kind: the pulling process (driver), the JVM, Spark's Python
+    daemons and the Python workers they fork."""
     children, _ = _proc_table()
-    total, todo = 0, [pid]
+    kinds: dict[str, int] = {}
+    todo = [(pid, None)]
     while todo:
-        p = todo.pop()
-        total += _pss_kb(p)
-        todo.extend(children.get(p, []))
-    return total
+        p, parent_kind = todo.pop()
+        if p == pid:
+            kind = "driver"
+        elif parent_kind in ("daemon", "python worker"):
+            kind = "python worker"
+        else:
+            cmd = _cmdline(p)
+            kind = ("JVM" if "java" in cmd.split(" ", 1)[0] else
+                    "daemon" if "pyspark.daemon" in cmd else "other")
+        kinds[kind] = kinds.get(kind, 0) + _pss_kb(p)
+        todo.extend((c, kind) for c in children.get(p, []))
+    return kinds
 
 
 class PeakMemory:
@@ -110,13 +133,16 @@ class PeakMemory:
         self.pid = pid or os.getpid()
         self.peak_kb = 0
         self.peak_pss_kb = 0
+        self.peak_kinds: dict[str, int] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self):
         while not self._stop.is_set():
             self.peak_kb = max(self.peak_kb, tree_usage(self.pid)[0])
-            self.peak_pss_kb = max(self.peak_pss_kb, tree_pss(self.pid))
+            kinds = tree_pss_by_kind(self.pid)
+            if sum(kinds.values()) > self.peak_pss_kb:
+                self.peak_pss_kb, self.peak_kinds = sum(kinds.values()), kinds
             self._stop.wait(0.2)
 
     def __enter__(self):
@@ -376,6 +402,7 @@ def _side(args) -> None:
                               args.master, args.repeat)
     out["peak_mb"] = mem.peak_kb / 1024
     out["peak_pss_mb"] = mem.peak_pss_kb / 1024
+    out["peak_pss_kinds_mb"] = {k: round(v / 1024) for k, v in mem.peak_kinds.items()}
     print(json.dumps(out), flush=True)
 
 
@@ -490,8 +517,11 @@ def _one_row(args, target: int, latency: float, cluster_url: str | None) -> None
                   f"{busy:>9.0%}c {base['peak_mb']:>7,.0f} {mine['peak_mb']:>7,.0f} "
                   f"{mine.get('peak_pss_mb', 0):>8,.0f}",
                   flush=True)
+            kinds = ", ".join(f"{k} {v:,}" for k, v in
+                              sorted(mine.get("peak_pss_kinds_mb", {}).items()))
             print(f"{'':>9}   runs {[round(r['seconds'], 1) for r in runs]} s; server busy "
-                  f"{base_server:.0%} of a core under the baseline", flush=True)
+                  f"{base_server:.0%} of a core under the baseline; PSS at the peak (MB): "
+                  f"{kinds}", flush=True)
     finally:
         proc.stdin.close()
         proc.wait(timeout=60)

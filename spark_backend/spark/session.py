@@ -239,12 +239,15 @@ def _classic_session(master: str):
         .set("spark.sql.execution.arrow.pyspark.enabled", "true")
         # The driver's JVM holds little (tasks' results on their way to Python; Spark asks for
         # a 450 MB heap at least): a heap that starts small (not 1/64 of the machine's memory)
-        # and gives back what it does not need, and a small code cache.
+        # and gives back what it does not need, a small code cache, and the C heap's free
+        # pages returned every second (a JDK 17 older than 17.0.9 ignores that option): in a
+        # 1M-record pull the JVM's peak PSS 810 -> 723-743 MB.
         .set("spark.driver.memory", os.environ.get("CSI_SPARK_DRIVER_MEMORY", "512m"))
         .set("spark.driver.extraJavaOptions", os.environ.get(
             "CSI_SPARK_DRIVER_JAVA_OPTIONS",
             "-XX:+UseSerialGC -Xms32m -XX:MinHeapFreeRatio=10 -XX:MaxHeapFreeRatio=30 "
-            "-XX:ReservedCodeCacheSize=96m"))
+            "-XX:ReservedCodeCacheSize=96m -XX:+IgnoreUnrecognizedVMOptions "
+            "-XX:+UnlockDiagnosticVMOptions -XX:TrimNativeHeapInterval=1000"))
         .set("spark.executor.memory", "1g")
     )
     log = open(spark_log_path(), "ab")  # the JVM keeps its own descriptor
