@@ -97,6 +97,8 @@ def test_full_pull_equals_ground_truth(demo_pull):
     multi = counts[counts["partitions_expected"] > 1]
     assert len(multi) > 100 and (multi["partitions_seen"] == multi["partitions_expected"]).all()
     assert progress and progress[-1].partitions_done == len(world.partitions)
+    # Progress counts records as the result does: it never runs ahead of it, and ends on it.
+    assert max(p.records for p in progress) == result.records == progress[-1].records
 
 
 def test_dag_has_splits_merges_and_the_stall_is_found(demo_pull):

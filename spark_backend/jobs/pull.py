@@ -274,7 +274,7 @@ class _Wave:
         import pyarrow.compute as pc
 
         kinds = table.column("kind")
-        self.records += int(pc.sum(pc.is_in(kinds, value_set=_record_kinds())).as_py() or 0)
+        self.records += _record_rows(table)
         ends = table.filter(pc.equal(kinds, "partition_end"))
         for token, extra in zip(ends.column("partition_token").to_pylist(),
                                 ends.column("extra").to_pylist(), strict=True):
@@ -284,6 +284,13 @@ class _Wave:
             self.ended += 1
             if detail.get("state") == PartitionState.INCOMPLETE:
                 self.failed.append((token, detail.get("error") or "unknown error"))
+
+
+def _record_rows(table: Any) -> int:
+    """The rows of an Arrow table or batch that are records (not partition start/end rows)."""
+    import pyarrow.compute as pc
+
+    return int(pc.sum(pc.is_in(table.column("kind"), value_set=_record_kinds())).as_py() or 0)
 
 
 class _Plan:
@@ -587,7 +594,7 @@ def _read_all(spark, cache, stream, pull_id, src, request, parts, end_ns, report
                     results = pending.pop(number, [])
                     plan.task_ended(jobs.tasks.pop((number, task)), results)
                     launch()  # before landing: the next task does not wait for the cache
-                    arrived = sum(b.num_rows for b in results)
+                    arrived = sum(_record_rows(b) for b in results)
                     report(PullProgress(jobs.started, result.partitions_read, known,
                                         result.records + arrived, f"job {number}: reading"))
                     lander.put(results)
