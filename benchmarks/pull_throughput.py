@@ -91,12 +91,6 @@ def _pss_kb(pid: int) -> int:
     return 0
 
 
-def tree_pss(pid: int) -> int:
-    """Proportional set size (kB) of a process and its descendants: shared pages (forked
-    Python workers, libraries) counted once in all, unlike a sum of RSS."""
-    return sum(tree_pss_by_kind(pid).values())
-
-
 def _cmdline(pid: int) -> str:
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
@@ -106,8 +100,9 @@ def _cmdline(pid: int) -> str:
 
 
 def tree_pss_by_kind(pid: int) -> dict[str, int]:
-    """PSS (kB) of a process tree by kind: the pulling process (driver), the JVM, Spark's Python
-    daemons and the Python workers they fork."""
+    """Proportional set size (kB) of a process and its descendants (shared pages of forked
+    Python workers and libraries counted once in all, unlike a sum of RSS), by kind: the
+    pulling process (driver), the JVM, Spark's Python daemons and the Python workers they fork."""
     children, _ = _proc_table()
     kinds: dict[str, int] = {}
     todo = [(pid, None)]
@@ -141,8 +136,9 @@ class PeakMemory:
         while not self._stop.is_set():
             self.peak_kb = max(self.peak_kb, tree_usage(self.pid)[0])
             kinds = tree_pss_by_kind(self.pid)
-            if sum(kinds.values()) > self.peak_pss_kb:
-                self.peak_pss_kb, self.peak_kinds = sum(kinds.values()), kinds
+            total = sum(kinds.values())
+            if total > self.peak_pss_kb:
+                self.peak_pss_kb, self.peak_kinds = total, kinds
             self._stop.wait(0.2)
 
     def __enter__(self):
