@@ -1,7 +1,8 @@
 """Set-based SQL that lands a batch of record rows (``records.RECORD_FIELDS``) in the cache.
 
-Runs inside the caller's transaction. A batch is staged in a temporary table, grouped by record
-identity, and merged into the tables: new records are inserted, known ones are not stored again.
+Runs inside the caller's transaction. A batch (Arrow in memory, read where it is; Parquet, read
+through a view; anything else, copied to a temporary table) is grouped by record identity and
+merged into the tables: new records are inserted, known ones are not stored again.
 """
 
 from __future__ import annotations
@@ -21,14 +22,21 @@ _KEY = (
 
 
 def _stage(con: duckdb.DuckDBPyConnection, batch: Any) -> str:
-    """Make the batch readable as ``_batch``; returns what it is (VIEW or TABLE)."""
+    """Make the batch readable as ``_batch``; returns what it is (VIEW, ARROW or TABLE)."""
     if isinstance(batch, str | Path):
         # A view, not a copy: Parquet is re-read per step instead of held in memory. (A view
         # cannot take parameters; the path is our own staging folder, quoted.)
         quoted = str(batch).replace("'", "''")
         con.execute(f"CREATE OR REPLACE TEMP VIEW _batch AS SELECT * FROM read_parquet('{quoted}')")
         return "VIEW"
-    con.register("_batch_arrow", batch)
+    import pyarrow as pa
+
+    if isinstance(batch, pa.Table | pa.RecordBatch):
+        # In memory already: every step scans it where it is (a copy in a temporary table
+        # took as much memory again, until the landing's commit, and time).
+        con.register("_batch", batch)
+        return "ARROW"
+    con.register("_batch_arrow", batch)  # e.g. a dataset: read once
     try:
         con.execute("CREATE OR REPLACE TEMP TABLE _batch AS SELECT * FROM _batch_arrow")
     finally:
@@ -69,7 +77,10 @@ def ingest_batch(
     _finished_by_end_records(con, stream)
     stats.partitions_ended = _partition_ends(con, stream, pull_id)
     stats.bad = _quarantine(con, stream, pull_id)
-    con.execute(f"DROP {staged} IF EXISTS _batch")
+    if staged == "ARROW":
+        con.unregister("_batch")
+    else:
+        con.execute(f"DROP {staged} IF EXISTS _batch")
     for name in ("_dc", "_hb", "_cp", "_new_marks", "_pr"):
         con.execute(f"DROP TABLE IF EXISTS {name}")
     return stats

@@ -181,9 +181,9 @@ def _import(cache, stream, fmt, files, other, options, progress, spark_master,
         progress(f"reading {len(plan.todo)} file(s) with Spark")
     from spark_backend.cache.ingest import ingest_stream
     from spark_backend.spark.local_files import ship
-    from spark_backend.spark.session import arrow_batches, spark_session
+    from spark_backend.spark.session import arrow_batches, data_sources, spark_session
 
-    spark = spark_session(spark_master, spark_remote)
+    spark = data_sources(spark_session(spark_master, spark_remote))
     shipped = _spark_step(lambda: ship(spark, plan.hashes), "could not send the files to "
                           "the executors")
     df = (spark.read.format("change_files")

@@ -438,12 +438,13 @@ class _Jobs:
                          name=f"pull-job-{number}").start()
 
     def _run(self, number: int, options: dict) -> None:
+        from spark_backend.spark.datasource import change_stream_frame
         from spark_backend.spark.session import arrow_batches, is_remote
 
         try:
             if is_remote(self.spark):
                 self.spark.addTag(self.tag)  # this thread's operations
-            df = self.spark.read.format("spanner_change_stream").options(**options).load()
+            df = change_stream_frame(self.spark, options)
             for batch in arrow_batches(self.spark, df):
                 while not self.in_flight.acquire(timeout=0.5):
                     if self.closed:

@@ -4,6 +4,7 @@
   stream partition; each yields Arrow batches of ``records.RECORD_FIELDS`` rows.
 - ``ChangeFilesDataSource`` (``change_files``): one input partition per file of a supported
   format; each yields the format's rows (bad input as ``kind='bad'`` rows).
+- ``change_stream_frame``: the first source's rows through ``mapInArrow`` (what a pull runs).
 
 Reader state must pickle: only option strings and plain values; clients are opened and heavy
 libraries imported inside ``read()``.
@@ -146,6 +147,24 @@ class SpannerChangeStreamDataSourceReader(DataSourceReader):
             yield to_arrow_batch(batch)
         if self.task_markers:  # the driver lands a task's rows once it saw all of them
             yield to_arrow_batch([partition_end(None, "task_done", None, task=partition.index)])
+
+
+def change_stream_frame(spark, options: dict):
+    """The rows the ``spanner_change_stream`` source gives for ``options``, read by
+    ``mapInArrow`` over one row per input partition instead: the same reader, the same
+    tasks and rows, without Spark's Python data-source planning. A read through the data
+    source asks three more Python processes (looking up, creating and planning the source)
+    for every job, and keeps them running, ~240 MB in a pull, with a daemon each.
+    The options are checked here, on the driver, as the data source checks them."""
+    reader = SpannerChangeStreamDataSourceReader(options)
+    parts = reader.partitions()
+
+    def read(batches):
+        for batch in batches:
+            for index in batch.column(0).to_pylist():
+                yield from reader.read(parts[index])
+
+    return spark.range(0, len(parts), 1, len(parts)).mapInArrow(read, SPARK_DDL)
 
 
 class ChangeFilesDataSource(DataSource):

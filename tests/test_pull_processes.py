@@ -1,0 +1,60 @@
+"""What a pull starts: Spark's executor Python workers, not its data-source planning processes.
+
+A read through a Python data source makes Spark keep three more Python processes and a daemon
+each (looking up, creating and planning the source: ~300 MB in a 1M-record pull); the pull reads
+through ``mapInArrow`` instead. Run in a process of its own: other tests of this session import
+files through the ``change_files`` source, which does start them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+SCRIPT = r"""
+import json, os, sys, tempfile
+sys.path.insert(0, sys.argv[1])
+from spark_backend.cache.store import Cache
+from spark_backend.jobs.pull import PullRequest, run_pull
+from spark_backend.spark.session import spark_session, warm_up
+
+warm_up(spark_session())
+with tempfile.TemporaryDirectory() as tmp, Cache(os.path.join(tmp, "c.duckdb")) as cache:
+    result = run_pull(cache, PullRequest(source="demo"))
+
+def children(pid):
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            if ppid == pid:
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    cmd = f.read().replace(b"\0", b" ").decode()
+                found += [cmd] + children(int(entry))
+        except (OSError, ValueError, IndexError):
+            continue
+    return found
+
+print(json.dumps({"status": result.status, "records": result.records,
+                  "processes": children(os.getpid())}))
+"""
+
+
+def test_a_pull_starts_no_data_source_planning_processes(tmp_path):
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "SPARK_LOCAL_IP": "127.0.0.1",
+           "SPANNER_DISABLE_BUILTIN_METRICS": "true"}
+    out = subprocess.run([sys.executable, "-c", SCRIPT, str(ROOT)], capture_output=True,
+                         text=True, env=env, cwd=tmp_path, timeout=600, check=False)
+    lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
+    assert out.returncode == 0 and lines, out.stderr[-3000:]
+    seen = json.loads(lines[-1])
+    assert (seen["status"], seen["records"]) == ("complete", 28_000)
+    python = [p for p in seen["processes"] if "pyspark" in p]
+    assert any("pyspark.worker" in p for p in python), seen["processes"]  # the tasks' workers
+    assert not [p for p in python if "data_source" in p], python
