@@ -1,7 +1,7 @@
 """What a pull starts: Spark's executor Python workers, not its data-source planning processes.
 
 A read through a Python data source makes Spark keep three more Python processes and a daemon
-each (looking up, creating and planning the source: ~300 MB in a 1M-record pull); the pull reads
+each (looking up, creating and planning the source: ~240 MB after warm-up); the pull reads
 through ``mapInArrow`` instead. Run in a process of its own: other tests of this session import
 files through the ``change_files`` source, which does start them.
 """
