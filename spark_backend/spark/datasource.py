@@ -154,7 +154,7 @@ def change_stream_frame(spark, options: dict):
     ``mapInArrow`` over one row per input partition instead: the same reader, the same
     tasks and rows, without Spark's Python data-source planning. A read through the data
     source asks three more Python processes (looking up, creating and planning the source)
-    for every job, and keeps them running, ~240 MB in a pull, with a daemon each.
+    for every job and keeps them running, with a daemon each: ~240 MB after warm-up.
     The options are checked here, on the driver, as the data source checks them."""
     reader = SpannerChangeStreamDataSourceReader(options)
     parts = reader.partitions()

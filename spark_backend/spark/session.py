@@ -251,7 +251,8 @@ def _classic_session(master: str):
         # and gives back what it does not need, a young generation of 32 MB (it grew to
         # 115 MB, all of it touched), a small code cache, and the C heap's free pages
         # returned every second (a JDK 17 older than 17.0.9 ignores that option): in a
-        # 1M-record pull the JVM's peak PSS 810 -> 723-743 MB (trim) -> ~610 MB (young).
+        # 1M-record pull the JVM's peak PSS 810 -> 723-743 MB (trim); the young generation
+        # took it 749 -> 607 MB in a trace sampled every 3 s (680-700 MB in the benchmark).
         .set("spark.driver.memory", os.environ.get("CSI_SPARK_DRIVER_MEMORY", "512m"))
         .set("spark.driver.extraJavaOptions", os.environ.get(
             "CSI_SPARK_DRIVER_JAVA_OPTIONS",
