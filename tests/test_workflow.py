@@ -211,3 +211,70 @@ def test_the_driver_plans_the_next_task_from_a_tasks_results_as_the_cache_would(
     plan.offer(cache.frontier("s", END))
     assert plan.ready == {}
     cache.close()
+
+
+def test_results_that_arrive_during_a_landing_wait_and_land_together(tmp_path, monkeypatch):
+    """The driver hands a task's results to the landing thread without waiting for the
+    landing in progress (below the row bound): those that arrive meanwhile land together, in
+    one transaction, once it ended; beyond the bound the driver waits."""
+    import queue
+    from types import SimpleNamespace
+
+    from spark_backend.cache import ingest
+    from spark_backend.jobs import pull
+
+    gate, landing, landings = threading.Event(), threading.Event(), []
+    real = ingest.ingest_stream
+
+    def slow_first(cache, stream, pull_id, batches, **kw):
+        landings.append(sum(b.num_rows for b in batches if b is not None))
+        if len(landings) == 1:
+            landing.set()
+            assert gate.wait(60)
+        return real(cache, stream, pull_id, batches, **kw)
+
+    monkeypatch.setattr(ingest, "ingest_stream", slow_first)
+    cache = Cache(tmp_path / "lander.duckdb")
+    cache.ensure_stream("s", system="spanner")
+    pull_id = cache.begin_pull("s", "test", T0, END, 10_000)
+    initial = _task_results({None: INITIAL}, [])
+    stopped = parse_ns("2022-05-01T09:10:00Z")
+    # b stops partition 1 for its budget, c continues it: together they end it twice.
+    b = _task_results({"child_token_1": SERVED["child_token_1"],
+                       "child_token_2": SERVED["child_token_2"]},
+                      [partition_end("child_token_1", "open", stopped, read_from=T0,
+                                     stopped="budget"),
+                       partition_end("child_token_2", "finished", T_MERGE, read_from=T0,
+                                     end=T_MERGE)])
+    c = _task_results({"child_token_3": SERVED["child_token_3"]},
+                      [partition_end("child_token_1", "open", END, read_from=stopped + 1),
+                       partition_end("child_token_3", "finished", T_MERGE, read_from=T0,
+                                     end=T_MERGE)])
+    a = _task_results({"child_token_4": SERVED["child_token_4"]},
+                      [partition_end("child_token_4", "open", END, read_from=T_MERGE)])
+    rows = {name: sum(x.num_rows for x in batches)
+            for name, batches in (("initial", initial), ("b", b), ("c", c))}
+    events: queue.Queue = queue.Queue()
+    lander = pull._Lander(cache, "s", pull_id, END, SimpleNamespace(started=1), events,
+                          max_rows=rows["initial"] + rows["b"] + rows["c"])
+    lander.put(initial)  # lands first, held at the gate
+    assert landing.wait(30)
+    putting = threading.Thread(target=lambda: (lander.put(b), lander.put(c)))
+    putting.start()
+    putting.join(30)
+    assert not putting.is_alive()  # the driver did not wait for the landing in progress
+    beyond = threading.Thread(target=lambda: lander.put(a))
+    beyond.start()
+    beyond.join(0.5)
+    assert beyond.is_alive()  # over the bound: it waits for a landing to end
+    gate.set()
+    beyond.join(30)
+    lander.close()
+    landed = [events.get_nowait()[1] for _ in range(events.qsize())]
+    assert [item[-1] for item in landed] == [1, 2, 1]  # tasks per landing
+    assert landings == [rows["initial"], rows["b"] + rows["c"], sum(x.num_rows for x in a)]
+    assert cache.frontier("s", END) == []
+    assert cache.con.execute(
+        "SELECT token, state, epoch_ns(read_from), epoch_ns(read_to) FROM partitions "
+        "WHERE token = 'child_token_1'").fetchall() == [("child_token_1", "open", T0, END)]
+    cache.close()

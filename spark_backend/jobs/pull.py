@@ -438,14 +438,14 @@ class _Jobs:
                          name=f"pull-job-{number}").start()
 
     def _run(self, number: int, options: dict) -> None:
-        from spark_backend.spark.datasource import change_stream_frame
+        from spark_backend.spark.datasource import change_stream_frame, unpacked
         from spark_backend.spark.session import arrow_batches, is_remote
 
         try:
             if is_remote(self.spark):
                 self.spark.addTag(self.tag)  # this thread's operations
             df = change_stream_frame(self.spark, options)
-            for batch in arrow_batches(self.spark, df):
+            for batch in unpacked(arrow_batches(self.spark, df)):
                 while not self.in_flight.acquire(timeout=0.5):
                     if self.closed:
                         return  # the pull ended: nobody takes it
@@ -480,36 +480,59 @@ def _task_ends(batch: Any) -> tuple[Any, int | None]:
 class _Lander:
     """Lands tasks' results in the cache on a thread of its own, in the order they arrived,
     while the driver starts the next tasks; after each landing it asks the cache's frontier
-    and posts ``(None, (_LANDED, frontier, failures, records))`` to the driver's events.
-    Only this thread touches the cache while the pull reads."""
+    and posts ``(None, (_LANDED, frontier, failures, records, ended, partitions, tasks))`` to
+    the driver's events. Only this thread touches the cache while the pull reads.
 
-    def __init__(self, cache, stream, pull_id, end_ns, jobs, events):
-        import queue
+    The driver never waits for a landing while the results not landed yet are fewer than
+    ``max_rows``: results that arrive during a landing wait and land together in the next
+    one (one transaction: the cache still only holds whole task results). A driver that
+    waited for each landing left the task slots it freed meanwhile empty (in a 1M-record
+    pull the landings took ~75% of the time)."""
+
+    def __init__(self, cache, stream, pull_id, end_ns, jobs, events, max_rows):
         import threading
 
         self.cache, self.stream, self.pull_id, self.end_ns = cache, stream, pull_id, end_ns
-        self.jobs, self.events = jobs, events
+        self.jobs, self.events, self.max_rows = jobs, events, max_rows
         self.total = _Wave(0)
-        self.todo: queue.Queue = queue.Queue(maxsize=1)  # one task queued: the driver waits for it
-        self.outstanding = 0
+        self.changed = threading.Condition()
+        self.waiting: list[list[Any]] = []  # task results not landing yet
+        self.rows = 0                       # rows waiting or landing
+        self.closing = False
+        self.outstanding = 0                # tasks put and not landed (the driver's count)
         self.thread = threading.Thread(target=self._run, daemon=True, name="pull-lander")
         self.thread.start()
 
     def put(self, batches: list[Any]) -> None:
+        rows = sum(b.num_rows for b in batches)
+        with self.changed:
+            while self.rows and self.rows + rows > self.max_rows and self.thread.is_alive():
+                self.changed.wait(0.5)
+            self.waiting.append(batches)
+            self.rows += rows
+            self.changed.notify_all()
         self.outstanding += 1
-        self.todo.put(batches)
 
     def close(self) -> None:
-        self.todo.put(None)
+        with self.changed:
+            self.closing = True
+            self.changed.notify_all()
         self.thread.join()
 
     def _run(self) -> None:
         from spark_backend.cache.ingest import ingest_stream
 
         while True:
-            batches = self.todo.get()
-            if batches is None:
-                return
+            with self.changed:
+                while not self.waiting and not self.closing:
+                    self.changed.wait()
+                if not self.waiting:
+                    return
+                tasks, self.waiting = self.waiting, []
+            # Each task's results land as chunks of their own (a partition one task stopped
+            # for its budget and the next one continued has an end row in each).
+            batches = [b for task in tasks for b in [*task, None]]
+            rows = sum(b.num_rows for b in batches if b is not None)
             try:
                 before = self.total.records
                 ingest_stream(self.cache, self.stream, self.pull_id, batches,
@@ -518,11 +541,14 @@ class _Lander:
                                   self.pull_id, self.total.records - b, self.jobs.started)])
                 landed = (_LANDED, self.cache.frontier(self.stream, self.end_ns),
                           list(self.total.failed), self.total.records, self.total.ended,
-                          self.cache.partition_count(self.stream))
+                          self.cache.partition_count(self.stream), len(tasks))
             except BaseException as e:
                 landed = e
-            del batches
+            del batches, tasks
             _give_back_memory()
+            with self.changed:
+                self.rows -= rows
+                self.changed.notify_all()
             self.events.put((None, landed))
 
 
@@ -550,7 +576,8 @@ def _read_all(spark, cache, stream, pull_id, src, request, parts, end_ns, report
     jobs = _Jobs(spark, src, request, end_ns, events)
     plan = _Plan(cache.finished_partitions(stream))
     plan.offer(parts)
-    lander = _Lander(cache, stream, pull_id, end_ns, jobs, events)
+    lander = _Lander(cache, stream, pull_id, end_ns, jobs, events,
+                     max_rows=request.max_rows_per_task)
     failures: list[tuple[str, str]] = []
     pending: dict[int, list[Any]] = {}
     known = cache.partition_count(stream)
@@ -571,10 +598,10 @@ def _read_all(spark, cache, stream, pull_id, src, request, parts, end_ns, report
         while jobs.tasks or lander.outstanding or plan.ready:
             number, item = events.get()
             if number is None:  # a landing
-                lander.outstanding -= 1
                 if isinstance(item, BaseException):
                     raise item
-                _, frontier, failures[:], landed, result.partitions_read, known = item
+                _, frontier, failures[:], landed, result.partitions_read, known, tasks = item
+                lander.outstanding -= tasks
                 result.records = before + landed
                 failed = {token for token, _ in failures}
                 plan.offer([p for p in frontier if p[0] not in failed])
