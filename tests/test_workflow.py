@@ -213,10 +213,10 @@ def test_the_driver_plans_the_next_task_from_a_tasks_results_as_the_cache_would(
     cache.close()
 
 
-def test_results_that_arrive_during_a_landing_wait_and_land_together(tmp_path, monkeypatch):
+def test_results_that_arrive_during_a_landing_do_not_wait_for_it(tmp_path, monkeypatch):
     """The driver hands a task's results to the landing thread without waiting for the
-    landing in progress (below the row bound): those that arrive meanwhile land together, in
-    one transaction, once it ended; beyond the bound the driver waits."""
+    landing in progress (below the row bound); they land after it, each task's in a
+    transaction of its own, in order; beyond the bound the driver waits."""
     import queue
     from types import SimpleNamespace
 
@@ -227,7 +227,7 @@ def test_results_that_arrive_during_a_landing_wait_and_land_together(tmp_path, m
     real = ingest.ingest_stream
 
     def slow_first(cache, stream, pull_id, batches, **kw):
-        landings.append(sum(b.num_rows for b in batches if b is not None))
+        landings.append(sum(b.num_rows for b in batches))
         if len(landings) == 1:
             landing.set()
             assert gate.wait(60)
@@ -239,7 +239,7 @@ def test_results_that_arrive_during_a_landing_wait_and_land_together(tmp_path, m
     pull_id = cache.begin_pull("s", "test", T0, END, 10_000)
     initial = _task_results({None: INITIAL}, [])
     stopped = parse_ns("2022-05-01T09:10:00Z")
-    # b stops partition 1 for its budget, c continues it: together they end it twice.
+    # b stops partition 1 for its budget, c continues it.
     b = _task_results({"child_token_1": SERVED["child_token_1"],
                        "child_token_2": SERVED["child_token_2"]},
                       [partition_end("child_token_1", "open", stopped, read_from=T0,
@@ -271,8 +271,8 @@ def test_results_that_arrive_during_a_landing_wait_and_land_together(tmp_path, m
     beyond.join(30)
     lander.close()
     landed = [events.get_nowait()[1] for _ in range(events.qsize())]
-    assert [item[-1] for item in landed] == [1, 2, 1]  # tasks per landing
-    assert landings == [rows["initial"], rows["b"] + rows["c"], sum(x.num_rows for x in a)]
+    assert [item[0] for item in landed] == [pull._LANDED] * 4
+    assert landings == [rows["initial"], rows["b"], rows["c"], sum(x.num_rows for x in a)]
     assert cache.frontier("s", END) == []
     assert cache.con.execute(
         "SELECT token, state, epoch_ns(read_from), epoch_ns(read_to) FROM partitions "

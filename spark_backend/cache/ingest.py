@@ -474,9 +474,6 @@ def ingest_stream(
 
     ``on_chunk(table)`` sees each chunk after it landed (progress); ``extra_sql()`` gives
     statements run at the end in the same transaction (e.g. counting the pull's records).
-    A ``None`` in ``batches`` lands what came before it at once (a chunk boundary: e.g.
-    between two Spark tasks' results, each of which ends a partition at most once, where
-    together they may end it twice).
     ``count_existing_as_duplicates``: as for ``Cache.ingest`` (file imports). ``sort_by``
     orders each chunk before it lands (pyarrow ``sort_by`` keys, stable): batches arrive in
     no particular order, and which copy of a repeated record is kept follows the order.
@@ -503,10 +500,6 @@ def ingest_stream(
     with cache.transaction():
         begin_ingest(cache.con)
         for batch in batches:
-            if batch is None:
-                if pending:
-                    land()
-                continue
             if batch.num_rows == 0:
                 continue
             pending.append(batch)
