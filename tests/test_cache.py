@@ -100,3 +100,47 @@ def test_a_pulling_process_caps_duckdb_lower_and_the_environment_overrides(tmp_p
     assert limit(_open_cache(str(tmp_path / "look.duckdb"))).startswith("953")
     monkeypatch.setenv("CSI_DUCKDB_MEMORY", "2GB")
     assert limit(_open_cache(str(tmp_path / "big.duckdb"), landing=True)).startswith("1.8")
+
+
+def test_a_pulls_transaction_summary_is_built_at_its_end_as_landing_by_landing(tmp_path,
+                                                                                monkeypatch):
+    """A pull's landings leave ``transactions`` to its end, which rebuilds the transactions
+    they touched (in slices): the same summary, column for column, as folding every landing
+    into it; transactions that span landings (and pulls) counted once."""
+    from spark_backend.cache import ingest, store
+    from spark_backend.demo.world import build_world
+    from spark_backend.model.records import batched
+
+    world = build_world(scale=0.05)
+    rows = [from_change_record(r, p.token) for p in world.partitions
+            for r in world.query(p.token, p.start, world.end, 10_000)]
+    rows = [r for r in rows if r["kind"] == "data_change"]
+    batches = [to_arrow_batch(chunk) for chunk in batched(rows, 100)]
+    assert len(batches) > 6 and len(world.transactions) > 100
+    landing = Cache(tmp_path / "landing.duckdb")
+    deferred = Cache(tmp_path / "deferred.duckdb")
+    for c in (landing, deferred):
+        c.ensure_stream("s", system="spanner")
+    one = landing.begin_pull("s", "test", None, None, None)
+    for batch in batches:
+        landing.ingest("s", one, batch)  # folded into the summary at every landing
+    monkeypatch.setattr(store, "_SUMMARY_SLICE_RECORDS", 50)  # many slices
+    first = deferred.begin_pull("s", "test", None, None, None)
+    half = len(batches) // 2
+    ingest.ingest_stream(deferred, "s", first, batches[:half], chunk_rows=250)
+    assert deferred.con.execute("SELECT count(*) FROM transactions").fetchone() == (0,)
+    deferred.finish_pull(first, "failed", error="cut off")  # any end summarizes
+    (partial,) = deferred.con.execute("SELECT count(*) FROM transactions").fetchone()
+    assert 0 < partial < len(world.transactions)
+    second = deferred.begin_pull("s", "test", None, None, None)
+    ingest.ingest_stream(deferred, "s", second, batches[half - 1:], chunk_rows=250)
+    deferred.finish_pull(second, "complete")
+    query = "SELECT * FROM transactions ORDER BY server_transaction_id"
+    want = landing.con.execute(query).fetchall()
+    assert len(want) == len(world.transactions)
+    assert deferred.con.execute(query).fetchall() == want
+    assert deferred.con.execute(
+        "SELECT count(*) FROM meta WHERE key LIKE 'transactions_unsummarized:%'").fetchone() \
+        == (0,)
+    landing.close()
+    deferred.close()

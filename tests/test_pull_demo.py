@@ -61,7 +61,13 @@ def assert_equals_world(cache: Cache, stream: str, world, heartbeats: bool = Tru
     assert tokens == {p.token for p in world.partitions}
     # One summary per transaction, agreeing with its records (after a SIGKILL too): none
     # missed, none counted twice.
-    (txns, wrong) = cache.con.execute(
+    assert transaction_summaries(cache, stream) == (len(world.transactions), 0)
+    assert analysis.duplicates(cache.con, stream) == 0
+
+
+def transaction_summaries(cache: Cache, stream: str) -> tuple[int, int]:
+    """(transactions, summaries that disagree with the records or have none, or no records)."""
+    return cache.con.execute(
         """WITH r AS (SELECT server_transaction_id, count(*) AS n,
                              list_sort(list(DISTINCT partition_token)) AS parts
                       FROM data_change_records WHERE stream = $s GROUP BY 1),
@@ -69,8 +75,6 @@ def assert_equals_world(cache: Cache, stream: str, world, heartbeats: bool = Tru
            SELECT count(*), count(*) FILTER (WHERE r.n IS DISTINCT FROM t.records_seen
                                                OR r.parts IS DISTINCT FROM t.partitions)
            FROM r FULL JOIN t USING (server_transaction_id)""", {"s": stream}).fetchone()
-    assert (txns, wrong) == (len(world.transactions), 0)
-    assert analysis.duplicates(cache.con, stream) == 0
 
 
 @pytest.fixture(scope="module", params=["googlesql", "postgresql"])

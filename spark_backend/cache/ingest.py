@@ -63,11 +63,15 @@ def ingest_batch(
     batch: Any,
     *,
     count_existing_as_duplicates: bool,
+    summarize: bool = True,
 ) -> IngestStats:
+    """``summarize``: fold the new records into ``transactions`` now (False: the caller marked
+    them for ``Cache.summarize_transactions``)."""
     staged = _stage(con, batch)
     _allow_unknown_times(con)
     stats = IngestStats()
-    stats.data_change, dup_dc = _data_change(con, stream, pull_id, count_existing_as_duplicates)
+    stats.data_change, dup_dc = _data_change(con, stream, pull_id, count_existing_as_duplicates,
+                                             summarize)
     stats.heartbeats, dup_hb = _heartbeats(con, stream, pull_id, count_existing_as_duplicates)
     stats.child_partitions = _child_partitions(con, stream, pull_id)
     stats.duplicates = dup_dc + dup_hb
@@ -106,7 +110,7 @@ def _allow_unknown_times(con: duckdb.DuckDBPyConnection) -> None:
             con.execute(f"ALTER TABLE {table} ALTER COLUMN {column} DROP NOT NULL")
 
 
-def _data_change(con, stream, pull_id, count_existing) -> tuple[int, int]:
+def _data_change(con, stream, pull_id, count_existing, summarize) -> tuple[int, int]:
     con.execute(
         f"""CREATE OR REPLACE TEMP TABLE _dc AS
         SELECT g.*, EXISTS (SELECT 1 FROM data_change_records d
@@ -166,7 +170,8 @@ def _data_change(con, stream, pull_id, count_existing) -> tuple[int, int]:
         FROM _dc WHERE NOT known""",
         {"stream": stream, "pull": pull_id},
     )
-    _transactions(con, stream)
+    if summarize:
+        _transactions(con, stream)
     return int(new_n), duplicates
 
 
@@ -477,6 +482,9 @@ def ingest_stream(
     ``count_existing_as_duplicates``: as for ``Cache.ingest`` (file imports). ``sort_by``
     orders each chunk before it lands (pyarrow ``sort_by`` keys, stable): batches arrive in
     no particular order, and which copy of a repeated record is kept follows the order.
+
+    With a ``pull_id``, the ``transactions`` summary is left to ``Cache.finish_pull``
+    (``Cache.summarize_transactions``): a pull's landings only mark it out of date.
     """
     import pyarrow as pa
 
@@ -491,13 +499,16 @@ def ingest_stream(
         if sort_by:
             table = table.sort_by(sort_by)
         part = ingest_batch(cache.con, stream, pull_id, table,
-                            count_existing_as_duplicates=count_existing_as_duplicates)
+                            count_existing_as_duplicates=count_existing_as_duplicates,
+                            summarize=pull_id is None)
         for name in vars(stats):
             setattr(stats, name, getattr(stats, name) + getattr(part, name))
         if on_chunk is not None:
             on_chunk(table)
 
     with cache.transaction():
+        if pull_id is not None:
+            cache.defer_transactions(stream, pull_id)
         begin_ingest(cache.con)
         for batch in batches:
             if batch.num_rows == 0:

@@ -24,6 +24,12 @@ from spark_backend.cache.schema import DDL, SCHEMA_VERSION
 from spark_backend.model.config import DEFAULT_MEMORY_LIMIT, MEMORY_ENVVAR
 from spark_backend.model.errors import BadInput, CacheError
 
+# meta key -> the first pull whose landed records the ``transactions`` summary does not hold yet
+_UNSUMMARIZED = "transactions_unsummarized:"
+# records per statement when the summary is rebuilt: its list aggregates hold their groups in
+# memory (a whole 1M-record pull in one statement ran out of a 192MB DuckDB; 135k did not)
+_SUMMARY_SLICE_RECORDS = 100_000
+
 _STREAM_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]{0,127}$")
 
 
@@ -252,6 +258,11 @@ class Cache:
             [live],
         )
         clean_staging(self.path)
+        if not live:
+            for (key,) in self.con.execute(
+                    "SELECT key FROM meta WHERE starts_with(key, ?)", [_UNSUMMARIZED]).fetchall():
+                with self.transaction():
+                    self.summarize_transactions(key.removeprefix(_UNSUMMARIZED))
 
     def staging_dir(self, kind: str) -> Path:
         """A new staging folder beside the cache (``csi-<kind>-*``) that names its cache, so
@@ -388,8 +399,53 @@ class Cache:
                        FROM pulls p WHERE p.pull_id = ? AND streams.stream = p.stream""",
                     [pull_id],
                 )
+            (stream,) = self.con.execute(
+                "SELECT stream FROM pulls WHERE pull_id = ?", [pull_id]).fetchone()
+            self.summarize_transactions(stream)
             self._bump()
         _ACTIVE_PULLS.get(_key(self.path), set()).discard(pull_id)
+
+    def summarize_transactions(self, stream: str) -> None:
+        """Bring the ``transactions`` summary up to date with the records that pulls landed
+        without it (``defer_transactions``); in the caller's transaction.
+
+        A pull's landings leave the summary alone: folding each landing into it was half of a
+        1M-record pull's landing time (each landing updated the transactions seen in earlier
+        ones, and the commit rewrote them). The pull's end (any status) rebuilds the touched
+        transactions once, from all their records; a run killed before that leaves the mark,
+        and the next read-write open rebuilds them.
+        """
+        key = _UNSUMMARIZED + stream
+        row = self.con.execute("SELECT value FROM meta WHERE key = ?", [key]).fetchone()
+        if row is None:
+            return
+        self.con.execute(
+            "CREATE OR REPLACE TEMP TABLE _touched AS SELECT DISTINCT server_transaction_id "
+            "AS id FROM data_change_records WHERE stream = ? AND pull_id >= ? "
+            "AND server_transaction_id IS NOT NULL", [stream, int(row[0])])
+        (records,) = self.con.execute(
+            "SELECT count(*) FROM data_change_records WHERE stream = ? AND "
+            "server_transaction_id IN (SELECT id FROM _touched)", [stream]).fetchone()
+        self.con.execute(
+            "DELETE FROM transactions WHERE stream = ? AND server_transaction_id IN "
+            "(SELECT id FROM _touched)", [stream])
+        slices = max(1, -(-int(records) // _SUMMARY_SLICE_RECORDS))
+        for i in range(slices):
+            self.con.execute(
+                """INSERT INTO transactions
+                SELECT stream, server_transaction_id, min(commit_timestamp), count(*),
+                       max(number_of_records_in_transaction),
+                       list_sort(list(DISTINCT partition_token)),
+                       max(number_of_partitions_in_transaction),
+                       list_sort(list(DISTINCT table_name)), list_sort(list(DISTINCT mod_type)),
+                       any_value(transaction_tag), sum(coalesce(mod_count, 0))
+                FROM data_change_records
+                WHERE stream = $stream AND server_transaction_id IN
+                      (SELECT id FROM _touched WHERE hash(id) % $slices = $i)
+                GROUP BY stream, server_transaction_id""",
+                {"stream": stream, "slices": slices, "i": i})
+        self.con.execute("DROP TABLE _touched")
+        self.con.execute("DELETE FROM meta WHERE key = ?", [key])
 
     @contextmanager
     def transaction(self) -> Iterator[None]:
@@ -487,6 +543,12 @@ class Cache:
             "UPDATE pulls SET status = 'interrupted' WHERE stream = ? AND status = 'running'",
             [stream],
         )
+
+    def defer_transactions(self, stream: str, pull_id: int) -> None:
+        """Mark that ``pull_id`` lands records that the ``transactions`` summary does not hold
+        yet (in the landing's transaction); ``summarize_transactions`` adds them."""
+        self.con.execute("INSERT INTO meta VALUES (?, ?) ON CONFLICT DO NOTHING",
+                         [_UNSUMMARIZED + stream, str(pull_id)])
 
     def frontier(self, stream: str, end_ns: int) -> list[tuple[str, int]]:
         """Partitions a pull can read now, with the timestamp to read each from (UTC ns).
