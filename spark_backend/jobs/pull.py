@@ -764,6 +764,8 @@ def run_pull(
             result.status = "failed"
             first = (str(e).splitlines() or [""])[0]
             result.error = f"The pull failed: {type(e).__name__}: {first}"
+        report(PullProgress(result.waves, result.partitions_read, cache.partition_count(stream),
+                            result.records, "summarizing the transactions"))
         cache.finish_pull(pull_id, result.status, error=result.error,
                           failed_partition=result.failed_partition, waves=result.waves)
     result.seconds = time.monotonic() - began
