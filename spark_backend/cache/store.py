@@ -399,8 +399,12 @@ class Cache:
                        FROM pulls p WHERE p.pull_id = ? AND streams.stream = p.stream""",
                     [pull_id],
                 )
-            (stream,) = self.con.execute(
-                "SELECT stream FROM pulls WHERE pull_id = ?", [pull_id]).fetchone()
+            self._bump()
+        # Apart, so that the pull's end is recorded even if the summary fails (its mark stays
+        # for the next read-write open).
+        (stream,) = self.con.execute(
+            "SELECT stream FROM pulls WHERE pull_id = ?", [pull_id]).fetchone()
+        with self.transaction():
             self.summarize_transactions(stream)
             self._bump()
         _ACTIVE_PULLS.get(_key(self.path), set()).discard(pull_id)
