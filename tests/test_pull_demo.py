@@ -176,6 +176,29 @@ def test_first_slice_read_here_then_spark_equals_ground_truth(spark, tmp_path):
     cache.close()
 
 
+def test_a_progress_callback_that_raises_at_the_end_still_ends_the_pull(tmp_path):
+    """The dashboard's progress callback can raise (a rerun stops the script): the pull is
+    still recorded as ended and its transactions summarized."""
+
+    class Rerun(BaseException):
+        pass
+
+    def progress(p):
+        if p.message == "summarizing the transactions":
+            raise Rerun
+
+    world = build_world(scale=SMALL)
+    end = world.start + (world.end - world.start) // 6
+    cache = Cache(tmp_path / "stop.duckdb")
+    with pytest.raises(Rerun):
+        run_pull(cache, PullRequest(source="demo", demo_scale=SMALL, end=end, reader="here"),
+                 progress)
+    assert cache.con.execute("SELECT status FROM pulls").fetchall() == [("complete",)]
+    txns, wrong = transaction_summaries(cache, "DemoStream")
+    assert txns > 0 and wrong == 0
+    cache.close()
+
+
 def test_unknown_reader_is_one_sentence(tmp_path):
     from spark_backend.model.errors import BadInput
 

@@ -187,10 +187,10 @@ def _transactions(con, stream) -> None:
         SELECT g.*, t.server_transaction_id IS NOT NULL AS known
         FROM (SELECT server_transaction_id, make_timestamp_ns(min(ts_ns)) AS commit_timestamp,
                      count(*) AS records_seen, max(n_records) AS records_expected,
-                     list_sort(list(DISTINCT partition_token)) AS partitions,
+                     list_sort(list_distinct(list(DISTINCT partition_token))) AS partitions,
                      max(n_partitions) AS partitions_expected,
-                     list_sort(list(DISTINCT table_name)) AS tables,
-                     list_sort(list(DISTINCT mod_type)) AS mod_types,
+                     list_sort(list_distinct(list(DISTINCT table_name))) AS tables,
+                     list_sort(list_distinct(list(DISTINCT mod_type))) AS mod_types,
                      any_value(transaction_tag) AS transaction_tag,
                      sum(coalesce(json_array_length(mods), 0)) AS mods
               FROM _dc WHERE NOT known AND server_transaction_id IS NOT NULL

@@ -261,8 +261,12 @@ class Cache:
         if not live:
             for (key,) in self.con.execute(
                     "SELECT key FROM meta WHERE starts_with(key, ?)", [_UNSUMMARIZED]).fetchall():
-                with self.transaction():
-                    self.summarize_transactions(key.removeprefix(_UNSUMMARIZED))
+                try:
+                    with self.transaction():
+                        self.summarize_transactions(key.removeprefix(_UNSUMMARIZED))
+                        self._bump()
+                except duckdb.OutOfMemoryException:
+                    pass  # the mark stays: the next open (or the stream's next pull) retries
 
     def staging_dir(self, kind: str) -> Path:
         """A new staging folder beside the cache (``csi-<kind>-*``) that names its cache, so
@@ -402,12 +406,14 @@ class Cache:
             self._bump()
         # Apart, so that the pull's end is recorded even if the summary fails (its mark stays
         # for the next read-write open).
-        (stream,) = self.con.execute(
-            "SELECT stream FROM pulls WHERE pull_id = ?", [pull_id]).fetchone()
-        with self.transaction():
-            self.summarize_transactions(stream)
-            self._bump()
-        _ACTIVE_PULLS.get(_key(self.path), set()).discard(pull_id)
+        try:
+            (stream,) = self.con.execute(
+                "SELECT stream FROM pulls WHERE pull_id = ?", [pull_id]).fetchone()
+            with self.transaction():
+                self.summarize_transactions(stream)
+                self._bump()
+        finally:
+            _ACTIVE_PULLS.get(_key(self.path), set()).discard(pull_id)
 
     def summarize_transactions(self, stream: str) -> None:
         """Bring the ``transactions`` summary up to date with the records that pulls landed
@@ -439,9 +445,10 @@ class Cache:
                 """INSERT INTO transactions
                 SELECT stream, server_transaction_id, min(commit_timestamp), count(*),
                        max(number_of_records_in_transaction),
-                       list_sort(list(DISTINCT partition_token)),
+                       list_sort(list_distinct(list(DISTINCT partition_token))),
                        max(number_of_partitions_in_transaction),
-                       list_sort(list(DISTINCT table_name)), list_sort(list(DISTINCT mod_type)),
+                       list_sort(list_distinct(list(DISTINCT table_name))),
+                       list_sort(list_distinct(list(DISTINCT mod_type))),
                        any_value(transaction_tag), sum(coalesce(mod_count, 0))
                 FROM data_change_records
                 WHERE stream = $stream AND server_transaction_id IN

@@ -764,10 +764,13 @@ def run_pull(
             result.status = "failed"
             first = (str(e).splitlines() or [""])[0]
             result.error = f"The pull failed: {type(e).__name__}: {first}"
-        report(PullProgress(result.waves, result.partitions_read, cache.partition_count(stream),
-                            result.records, "summarizing the transactions"))
-        cache.finish_pull(pull_id, result.status, error=result.error,
-                          failed_partition=result.failed_partition, waves=result.waves)
+        try:
+            report(PullProgress(result.waves, result.partitions_read,
+                                cache.partition_count(stream), result.records,
+                                "summarizing the transactions"))
+        finally:  # a progress callback that raises (a dashboard rerun) still ends the pull
+            cache.finish_pull(pull_id, result.status, error=result.error,
+                              failed_partition=result.failed_partition, waves=result.waves)
     result.seconds = time.monotonic() - began
     return result
 
