@@ -124,13 +124,23 @@ def tree_pss_by_kind(pid: int) -> dict[str, int]:
 class PeakMemory:
     """Peak RSS sum and peak PSS of a process tree, sampled every 0.2 s."""
 
-    def __init__(self, pid: int | None = None):
+    def __init__(self, pid: int | None = None, trace: str | None = None):
         self.pid = pid or os.getpid()
+        self.trace = open(trace, "w") if trace else None  # closed in __exit__
+        self.began = time.monotonic()
         self.peak_kb = 0
         self.peak_pss_kb = 0
         self.peak_kinds: dict[str, int] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def mark(self, progress) -> None:
+        """A pull's progress message in the trace, to place the samples in its phases."""
+        phase = "".join(c for c in progress.message if not c.isdigit())
+        if self.trace and phase != getattr(self, "_last", None):
+            self._last = phase
+            self.trace.write(json.dumps({"s": round(time.monotonic() - self.began, 1),
+                                         "phase": progress.message[:60]}) + "\n")
 
     def _run(self):
         while not self._stop.is_set():
@@ -139,6 +149,9 @@ class PeakMemory:
             total = sum(kinds.values())
             if total > self.peak_pss_kb:
                 self.peak_pss_kb, self.peak_kinds = total, kinds
+            if self.trace:
+                self.trace.write(json.dumps({"s": round(time.monotonic() - self.began, 1),
+                                             **{k: v // 1024 for k, v in kinds.items()}}) + "\n")
             self._stop.wait(0.2)
 
     def __enter__(self):
@@ -149,6 +162,8 @@ class PeakMemory:
         self._stop.set()
         self._thread.join()
         self.peak_kb = max(self.peak_kb, tree_usage(self.pid)[0])
+        if self.trace:
+            self.trace.close()
 
 
 # --- the server process -------------------------------------------------------------------------
@@ -358,20 +373,21 @@ def run_baseline(host: str, dialect: str, stream: str, start: int, end: int,
 
 
 def run_project(host: str | None, dialect: str, stream: str, start: int, end: int,
-                master: str | None, repeat: int) -> dict:
+                master: str | None, repeat: int, mem: PeakMemory | None = None) -> dict:
     """``repeat`` pulls with Spark warm; host None: the embedded demo world instead."""
     if host:
         os.environ["SPANNER_EMULATOR_HOST"] = host
     from spark_backend.cache.store import Cache
     from spark_backend.jobs.pull import PullRequest, run_pull
-    from spark_backend.model.config import PULL_MEMORY_LIMIT
+    from spark_backend.model.config import PULL_MEMORY_LIMIT, PULL_THREADS
     from spark_backend.spark.session import spark_session, warm_up
 
     warm_up(spark_session(master))  # one-time JVM and worker start-up: not part of throughput
     runs = []
     for _ in range(repeat):
         with tempfile.TemporaryDirectory() as tmp, \
-                Cache(Path(tmp) / "bench.duckdb", memory_limit=PULL_MEMORY_LIMIT) as cache:
+                Cache(Path(tmp) / "bench.duckdb", memory_limit=PULL_MEMORY_LIMIT,
+                      threads=PULL_THREADS) as cache:
             if host:
                 request = PullRequest(source="spanner", project="p", instance="i", database="d",
                                       source_stream=stream, dialect=dialect, start=start,
@@ -379,7 +395,7 @@ def run_project(host: str | None, dialect: str, stream: str, start: int, end: in
             else:
                 request = PullRequest(source="demo", dialect=dialect, spark_master=master)
             began = time.monotonic()
-            result = run_pull(cache, request)
+            result = run_pull(cache, request, progress=mem and mem.mark)
             seconds = time.monotonic() - began
             if result.status != "complete":
                 raise SystemExit(f"pull failed: {result.error}")
@@ -389,13 +405,14 @@ def run_project(host: str | None, dialect: str, stream: str, start: int, end: in
 
 
 def _side(args) -> None:
-    with PeakMemory() as mem:
+    trace = args.memory_trace and f"{args.memory_trace}.{args.role}.jsonl"
+    with PeakMemory(trace=trace) as mem:
         if args.role == "baseline":
             out = run_baseline(args.host, args.dialect, args.stream, args.start, args.end,
                                args.baseline_seconds)
         else:
             out = run_project(args.host, args.dialect, args.stream, args.start, args.end,
-                              args.master, args.repeat)
+                              args.master, args.repeat, mem)
     out["peak_mb"] = mem.peak_kb / 1024
     out["peak_pss_mb"] = mem.peak_pss_kb / 1024
     out["peak_pss_kinds_mb"] = {k: round(v / 1024) for k, v in mem.peak_kinds.items()}
@@ -425,6 +442,8 @@ def _run_side(role: str, world: dict | None, args, master: str | None) -> dict:
                 "--start", str(world["start"]), "--end", str(world["end"])]
     if master:
         cmd += ["--master", master]
+    if args.memory_trace:
+        cmd += ["--memory-trace", args.memory_trace]
     out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=False)
     lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
     if out.returncode != 0 or not lines:
@@ -453,6 +472,9 @@ def main() -> None:
                         help="also time the embedded demo world (28k rows) with Spark warm")
     parser.add_argument("--baseline-seconds", type=float, default=60.0,
                         help="the baseline reads this long at most (it reports a rate)")
+    parser.add_argument("--memory-trace", metavar="PREFIX",
+                        help="write every memory sample (seconds, PSS MB by kind) of each side "
+                             "to PREFIX.<side>.jsonl, to see when the peak happens")
     parser.add_argument("--role", choices=["baseline", "project", "server"],
                         help=argparse.SUPPRESS)
     parser.add_argument("--master", help=argparse.SUPPRESS)

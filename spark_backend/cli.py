@@ -145,8 +145,9 @@ def _open_cache(path: str, must_exist: bool = False, *, landing: bool = False):
     from spark_backend.cache.store import Cache
 
     _check_cache_path(path, must_exist)
-    return Cache(path, memory_limit=config.PULL_MEMORY_LIMIT if landing
-                 else config.DEFAULT_MEMORY_LIMIT)
+    if landing:
+        return Cache(path, memory_limit=config.PULL_MEMORY_LIMIT, threads=config.PULL_THREADS)
+    return Cache(path, memory_limit=config.DEFAULT_MEMORY_LIMIT)
 
 
 # Options each format reads (``--table`` is accepted by every format).

@@ -2,6 +2,13 @@
 
 from __future__ import annotations
 
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -9,6 +16,8 @@ import pytest
 from spark_backend.cache.store import Cache
 from spark_backend.model.errors import CacheError
 from spark_backend.model.records import arrow_schema, from_change_record, to_arrow_batch
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def _hb(token, ts):
@@ -100,6 +109,45 @@ def test_a_pulling_process_caps_duckdb_lower_and_the_environment_overrides(tmp_p
     assert limit(_open_cache(str(tmp_path / "look.duckdb"))).startswith("953")
     monkeypatch.setenv("CSI_DUCKDB_MEMORY", "2GB")
     assert limit(_open_cache(str(tmp_path / "big.duckdb"), landing=True)).startswith("1.8")
+
+
+def test_a_pulling_process_gives_duckdb_fewer_threads_and_the_environment_overrides(
+        tmp_path, monkeypatch):
+    from spark_backend.cli import _open_cache
+    from spark_backend.model.config import PULL_THREADS
+
+    def threads(cache):
+        (value,) = cache.con.execute("SELECT current_setting('threads')").fetchone()
+        cache.close()
+        return value
+
+    monkeypatch.delenv("CSI_DUCKDB_THREADS", raising=False)
+    assert threads(_open_cache(str(tmp_path / "pull.duckdb"), landing=True)) == PULL_THREADS
+    assert PULL_THREADS == max(1, (os.cpu_count() or 1) // 4)
+    (default,) = duckdb.connect().execute("SELECT current_setting('threads')").fetchone()
+    assert threads(_open_cache(str(tmp_path / "look.duckdb"))) == default
+    monkeypatch.setenv("CSI_DUCKDB_THREADS", "3")
+    assert threads(_open_cache(str(tmp_path / "three.duckdb"), landing=True)) == 3
+    for bad in ("many", "0", "-2"):
+        monkeypatch.setenv("CSI_DUCKDB_THREADS", bad)
+        with pytest.raises(CacheError, match=f"CSI_DUCKDB_THREADS='{bad}' is not a thread "
+                                             "count; use a whole number from 1 to 1024"):
+            Cache(tmp_path / "bad.duckdb")
+
+
+def test_arrows_allocator_gives_freed_pages_back_in_the_tools_processes():
+    """mimalloc (Arrow's allocator) reads its options once, when pyarrow loads: importing the
+    package first sets them; a user's own setting wins. MIMALLOC_VERBOSE prints what the
+    allocator itself read."""
+    def purge_delay(**env):
+        full = {k: v for k, v in os.environ.items() if not k.startswith("MIMALLOC_")}
+        out = subprocess.run([sys.executable, "-c", "import spark_backend, pyarrow"],
+                             env={**full, "MIMALLOC_VERBOSE": "1", **env}, cwd=ROOT,
+                             capture_output=True, text=True, timeout=60, check=True)
+        return re.search(r"option 'purge_delay': (-?\d+)", out.stderr).group(1)
+
+    assert purge_delay() == "0"
+    assert purge_delay(MIMALLOC_PURGE_DELAY="250") == "250"
 
 
 def test_a_pulls_transaction_summary_is_built_at_its_end_as_landing_by_landing(tmp_path,

@@ -21,7 +21,7 @@ from typing import Any
 import duckdb
 
 from spark_backend.cache.schema import DDL, SCHEMA_VERSION
-from spark_backend.model.config import DEFAULT_MEMORY_LIMIT, MEMORY_ENVVAR
+from spark_backend.model.config import DEFAULT_MEMORY_LIMIT, MEMORY_ENVVAR, THREADS_ENVVAR
 from spark_backend.model.errors import BadInput, CacheError
 
 # meta key -> the first pull whose landed records the ``transactions`` summary does not hold yet
@@ -86,11 +86,24 @@ def _check_path(path: Path, read_only: bool) -> None:
                          f"{e.strerror or e}.") from e
 
 
-def _connect(path: Path, read_only: bool, memory_limit: str) -> duckdb.DuckDBPyConnection:
+def _threads(default: int | None) -> int | None:
+    value = os.environ.get(THREADS_ENVVAR)
+    if value is None:
+        return default
+    if not value.isdigit() or not 1 <= int(value) <= 1024:
+        raise CacheError(f"{THREADS_ENVVAR}={value!r} is not a thread count; use a whole "
+                         "number from 1 to 1024.")
+    return int(value)
+
+
+def _connect(path: Path, read_only: bool, memory_limit: str,
+             threads: int | None = None) -> duckdb.DuckDBPyConnection:
     # A pull commits once per task's results: checkpointing at every commit (DuckDB's default
     # past 16 MB of WAL) was a third of the landing time; until a checkpoint, what was written
     # stays in memory too (256 MB of WAL held ~300 MB). The WAL is replayed after a crash.
     config = {**LOCKED_DOWN, "memory_limit": memory_limit, "checkpoint_threshold": "64MB"}
+    if threads is not None:
+        config["threads"] = threads
     try:
         return duckdb.connect(str(path), read_only=read_only, config=config)
     except duckdb.ConnectionException as e:
@@ -220,13 +233,15 @@ class Cache:
     """
 
     def __init__(self, path: str | Path, read_only: bool = False, *,
-                 memory_limit: str = DEFAULT_MEMORY_LIMIT):
+                 memory_limit: str = DEFAULT_MEMORY_LIMIT, threads: int | None = None):
         """``memory_limit``: DuckDB's cap in this process unless ``$CSI_DUCKDB_MEMORY`` sets
-        one (``PULL_MEMORY_LIMIT`` for a process that only pulls or imports)."""
+        one (``PULL_MEMORY_LIMIT`` for a process that only pulls or imports); ``threads``:
+        DuckDB's threads (None: one per core) unless ``$CSI_DUCKDB_THREADS`` sets them
+        (``PULL_THREADS`` for that process)."""
         self.path = Path(path)
         self.read_only = read_only
         _check_path(self.path, read_only)
-        self.con = _connect(self.path, read_only, _memory_limit(memory_limit))
+        self.con = _connect(self.path, read_only, _memory_limit(memory_limit), _threads(threads))
         try:
             _check_ours(self.con, self.path)
         except BaseException:

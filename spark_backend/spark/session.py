@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from spark_backend import ALLOCATOR_ENV
 from spark_backend.model import checks, config
 from spark_backend.model.errors import InspectorError
 
@@ -261,6 +262,9 @@ def _classic_session(master: str):
             "-XX:+UnlockDiagnosticVMOptions -XX:TrimNativeHeapInterval=1000"))
         .set("spark.executor.memory", "1g")
     )
+    for name in ALLOCATOR_ENV:  # a cluster's executors do not inherit the driver's environment
+        if name in os.environ:
+            conf.set(f"spark.executorEnv.{name}", os.environ[name])
     log = open(spark_log_path(), "ab")  # the JVM keeps its own descriptor
     sc = None
     try:

@@ -20,6 +20,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from spark_backend import ALLOCATOR_ENV
+
 CONNECT_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
 
 
@@ -85,6 +87,8 @@ def _env(extra_pythonpath: list[str]) -> dict[str, str]:
     paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys([*extra_pythonpath, *paths]))
     env.pop("SPARK_REMOTE", None)
+    for name in ALLOCATOR_ENV:  # as on a real cluster: the driver's settings do not reach it
+        env.pop(name, None)
     return env
 
 
