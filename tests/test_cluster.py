@@ -106,10 +106,10 @@ def test_pull_on_a_standalone_cluster_equals_the_ground_truth(cluster, tmp_path)
 
 _ENV_PROBE = """
 import json, os, sys
-import spark_backend
+from spark_backend.model.config import ALLOCATOR_ENV
 from spark_backend.spark.session import spark_session
 spark = spark_session(sys.argv[1])
-names = list(spark_backend.ALLOCATOR_ENV)  # the task must not import the package (it sets them)
+names = list(ALLOCATOR_ENV)  # the task must not import the package (it sets them)
 def look(_):
     import os, sys
     yield {name: os.environ.get(name) for name in names}, "spark_backend" in sys.modules
@@ -120,7 +120,7 @@ print(json.dumps(spark.sparkContext.parallelize(range(4), 4).mapPartitions(look)
 def test_a_clusters_executors_get_the_allocator_setting_from_the_session(cluster):
     """The cluster's workers were started without it (``standalone_cluster``): the executors
     of the tool's session get Arrow's allocator setting from the session's configuration."""
-    from spark_backend import ALLOCATOR_ENV
+    from spark_backend.model.config import ALLOCATOR_ENV
 
     env = {k: v for k, v in os.environ.items() if k not in ALLOCATOR_ENV}
     out = subprocess.run([sys.executable, "-c", _ENV_PROBE, cluster.master_url], cwd=ROOT,

@@ -20,7 +20,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from spark_backend import ALLOCATOR_ENV
 from spark_backend.model import checks, config
 from spark_backend.model.errors import InspectorError
 
@@ -262,7 +261,7 @@ def _classic_session(master: str):
             "-XX:+UnlockDiagnosticVMOptions -XX:TrimNativeHeapInterval=1000"))
         .set("spark.executor.memory", "1g")
     )
-    for name in ALLOCATOR_ENV:  # a cluster's executors do not inherit the driver's environment
+    for name in config.ALLOCATOR_ENV:  # a cluster's executors do not inherit the driver's env
         if name in os.environ:
             conf.set(f"spark.executorEnv.{name}", os.environ[name])
     log = open(spark_log_path(), "ab")  # the JVM keeps its own descriptor

@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from spark_backend import ALLOCATOR_ENV
+from spark_backend.model.config import ALLOCATOR_ENV
 
 CONNECT_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
 
