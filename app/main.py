@@ -14,6 +14,8 @@ ROOT = Path(__file__).resolve().parent.parent
 ICON = Path(__file__).resolve().parent / "icon.png"
 if str(ROOT) not in sys.path:  # `streamlit run app/main.py` puts app/ first, not the project
     sys.path.insert(0, str(ROOT))
+# The package sets Arrow's allocator option first; pyarrow is not loaded before this script.
+import spark_backend  # noqa: E402, F401, I001
 
 import streamlit as st  # noqa: E402
 from streamlit import config as st_config  # noqa: E402

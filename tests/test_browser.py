@@ -13,6 +13,7 @@ from __future__ import annotations
 import io
 import os
 import random
+import re
 import socket
 import subprocess
 import sys
@@ -173,14 +174,21 @@ def cache_path(tmp_path_factory) -> str:
 FACTS: dict = {}
 
 
+_SERVER_LOG: dict[str, Path] = {}
+
+
 @pytest.fixture(scope="module")
 def server(cache_path, tmp_path_factory):
     port = _free_port()
-    log = open(tmp_path_factory.mktemp("log") / "streamlit.log", "w")
+    _SERVER_LOG["path"] = tmp_path_factory.mktemp("log") / "streamlit.log"
+    log = open(_SERVER_LOG["path"], "w")
+    # Arrow's allocator prints the options it read (MIMALLOC_VERBOSE); the dashboard must set
+    # its own, as when started from a shell that has none.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MIMALLOC_")}
     proc = subprocess.Popen(
         [sys.executable, "-m", "streamlit", "run", "app/main.py", "--server.port", str(port),
          "--server.address", "127.0.0.1", "--server.headless", "true"],
-        cwd=ROOT, env={**os.environ, "CSI_CACHE": cache_path}, stdout=log,
+        cwd=ROOT, env={**env, "CSI_CACHE": cache_path, "MIMALLOC_VERBOSE": "1"}, stdout=log,
         stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
@@ -286,6 +294,14 @@ def test_every_page_renders(page, server, name):
     if name in ("overview", "watermarks"):
         assert page.get_by_text("Worst stall").count() >= 1
     assert page.outside == [], "no outside fetches (icon, fonts)"
+
+
+def test_the_dashboard_gives_arrows_freed_pages_back(page, server):
+    """The dashboard's process loads pyarrow after ``app/main.py`` imported the package, so
+    Arrow's allocator read ``MIMALLOC_PURGE_DELAY=0`` (``config.ALLOCATOR_ENV``)."""
+    _open(page, server, "overview", "?stream=DemoStream")
+    read = re.findall(r"option 'purge_delay': (-?\d+)", _SERVER_LOG["path"].read_text())
+    assert read and set(read) == {"0"}, read
 
 
 def test_overview_is_also_at_its_slug(page, server):
