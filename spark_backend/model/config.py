@@ -31,12 +31,12 @@ PULL_THREADS = max(1, (os.cpu_count() or 1) // 4)
 
 # Arrow's allocator (mimalloc) keeps the pages it freed for a second before it gives them back,
 # and reads that once, when pyarrow loads: ``spark_backend/__init__.py`` sets it first (and
-# ``app/main.py`` imports the package before anything loads pyarrow). A pull
-# frees one task's Arrow results after another, in the driver and in Spark's Python workers,
-# and each held 100-150 MB of freed pages. 0 gives them back at once: a 1M-record pull's peak
-# PSS went 1,602 -> 1,387 MB (driver 711 -> 556, workers 405 -> 360); replaying its landings
-# took ~5% longer. Spark's local workers inherit it; a cluster's executors get it from the
-# session (``spark.executorEnv``). A user's own setting wins.
+# ``app/main.py`` imports the package before anything loads pyarrow). A pull frees one task's
+# Arrow results after another, in the driver and in Spark's Python workers. 0 gives them back
+# at once: a 1M-record pull's peak PSS went 1,602 -> 1,387 MB (single runs; driver 711 -> 556,
+# the two workers 405 -> 360); replaying its landings took 3-10% longer. Spark's local workers
+# inherit it; a cluster's executors get it from the session (``spark.executorEnv``). A user's
+# own setting wins.
 ALLOCATOR_ENV = {"MIMALLOC_PURGE_DELAY": "0"}
 
 
