@@ -194,3 +194,74 @@ def test_a_pulls_transaction_summary_is_built_at_its_end_as_landing_by_landing(t
         == (0,)
     landing.close()
     deferred.close()
+
+
+# Made by the previous release (schema 1): `pull --source demo --demo-scale 0.02` at 8ac9fc5.
+SCHEMA_1_CACHE = ROOT / "fixtures" / "caches" / "schema-v1-demo.duckdb.gz"
+_GROWING = ("data_change_records", "mods", "transactions", "heartbeats")
+
+
+def _keys_and_indexes(con) -> tuple[set[str], set[str]]:
+    keyed = {r[0] for r in con.execute(
+        "SELECT table_name FROM duckdb_constraints() WHERE constraint_type IN "
+        "('PRIMARY KEY', 'UNIQUE')").fetchall()}
+    indexed = {r[0] for r in con.execute("SELECT table_name FROM duckdb_indexes()").fetchall()}
+    return keyed, indexed
+
+
+def _counts(con) -> dict[str, int]:
+    return {t: con.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in _GROWING}
+
+
+def test_the_tables_that_grow_with_the_records_carry_no_key_index(cache):
+    # DuckDB holds a key's ART index in memory and checks it at every insert; ingest keeps
+    # the records unique itself.
+    keyed, indexed = _keys_and_indexes(cache.con)
+    assert not (keyed | indexed) & set(_GROWING)
+    assert {"partitions", "pulls", "streams"} <= keyed  # the small tables keep theirs
+    batch = to_arrow_batch([_dc("p1"), _dc("p2"), _hb("p1", "2022-09-27T12:30:01Z")])
+    first = cache.ingest("s", None, batch)
+    again = cache.ingest("s", None, batch, count_existing_as_duplicates=True)  # a file again
+    assert (first.data_change, first.heartbeats) == (2, 1)
+    assert (again.data_change, again.heartbeats, again.duplicates) == (0, 0, 3)
+    assert _counts(cache.con) == {"data_change_records": 2, "mods": 2, "transactions": 1,
+                                  "heartbeats": 1}
+    assert cache.con.execute("SELECT sum(copies) FROM data_change_records").fetchone() == (4,)
+
+
+def test_a_schema_1_cache_is_read_as_it_is_and_migrated_at_a_read_write_open(tmp_path):
+    import gzip
+    import hashlib
+
+    path = tmp_path / "old.duckdb"
+    path.write_bytes(gzip.decompress(SCHEMA_1_CACHE.read_bytes()))
+    before = hashlib.sha256(path.read_bytes()).hexdigest()
+    with duckdb.connect(str(path), read_only=True) as con:
+        keyed, indexed = _keys_and_indexes(con)
+        assert {"data_change_records", "transactions", "heartbeats"} <= keyed
+        assert "mods" in indexed
+        counts = _counts(con)
+    assert min(counts.values()) > 0
+
+    reader = Cache(path, read_only=True)  # the dashboard: reads it, changes nothing
+    try:
+        assert _counts(reader.con) == counts
+    finally:
+        reader.close()
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == before
+
+    # The way a user meets it: the next command that opens it read-write.
+    out = subprocess.run([sys.executable, "-m", "spark_backend", "report", "--cache", str(path)],
+                         capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    assert "stream DemoStream (spanner)" in out.stdout
+    assert f"records: {counts['data_change_records']} data change" in out.stdout
+    with duckdb.connect(str(path), read_only=True) as con:
+        assert con.execute("SELECT value FROM meta WHERE key = 'schema_version'"
+                           ).fetchone() == ("2",)
+        keyed, indexed = _keys_and_indexes(con)
+        assert not (keyed | indexed) & set(_GROWING)
+        assert _counts(con) == counts
+        # the view over the rebuilt tables still reads them
+        assert con.execute("SELECT count(*) FROM progress_marks").fetchone()[0] >= (
+            counts["data_change_records"] + counts["heartbeats"])

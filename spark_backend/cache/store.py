@@ -20,7 +20,7 @@ from typing import Any
 
 import duckdb
 
-from spark_backend.cache.schema import DDL, SCHEMA_VERSION
+from spark_backend.cache.schema import DDL, DROPPED_IN_2, SCHEMA_VERSION, UNKEYED_IN_2
 from spark_backend.model.config import DEFAULT_MEMORY_LIMIT, MEMORY_ENVVAR, THREADS_ENVVAR
 from spark_backend.model.errors import BadInput, CacheError
 
@@ -252,6 +252,14 @@ class Cache:
             self._recover()
 
     def _create(self) -> None:
+        row = None
+        if self.con.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = 'meta' "
+                            "AND database_name = current_database()").fetchone()[0]:
+            row = self.con.execute(
+                "SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+        if row is not None and int(row[0]) < 2:
+            self._migrate_to_2()
+            return
         for stmt in DDL:
             self.con.execute(stmt)
         self.con.execute(
@@ -259,6 +267,24 @@ class Cache:
             "ON CONFLICT DO NOTHING",
             [str(SCHEMA_VERSION)],
         )
+
+    def _migrate_to_2(self) -> None:
+        """Schema 1 -> 2, in one transaction (a crash leaves schema 1, migrated again at the
+        next open): the growing tables are rebuilt without their PRIMARY KEY, the index on
+        ``mods`` goes (``schema.py`` says why)."""
+        with self.transaction():
+            for name in DROPPED_IN_2:
+                self.con.execute(f"DROP INDEX IF EXISTS {name}")
+            for table in UNKEYED_IN_2:
+                self.con.execute(f"ALTER TABLE {table} RENAME TO {table}_schema1")
+            for stmt in DDL:  # creates the rebuilt tables; the others exist
+                self.con.execute(stmt)
+            for table in UNKEYED_IN_2:
+                self.con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM {table}_schema1")
+                self.con.execute(f"DROP TABLE {table}_schema1")
+            self.con.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'",
+                             [str(SCHEMA_VERSION)])
+        self.con.execute("CHECKPOINT")
 
     def _recover(self) -> None:
         """After a crash or SIGKILL: close the dead runs' pulls as ``interrupted`` and remove
