@@ -150,11 +150,39 @@ def test_arrows_allocator_gives_freed_pages_back_in_the_tools_processes():
     assert purge_delay(MIMALLOC_PURGE_DELAY="250") == "250"
 
 
-def test_a_pulls_transaction_summary_is_built_at_its_end_as_landing_by_landing(tmp_path,
-                                                                                monkeypatch):
-    """A pull's landings leave ``transactions`` to its end, which rebuilds the transactions
-    they touched (in slices): the same summary, column for column, as folding every landing
-    into it; transactions that span landings (and pulls) counted once, NULLs in no list."""
+def _summary_from_rows(rows: list[dict]) -> list[tuple]:
+    """The ``transactions`` rows, computed in Python from the record rows themselves."""
+    import datetime as dt
+    import json
+
+    by_id: dict[str, list[dict]] = {}
+    for row in rows:
+        by_id.setdefault(row["server_transaction_id"], []).append(row)
+    want = []
+    for tid, records in sorted(by_id.items()):
+        first_ns = min(r["ts_ns"] for r in records)
+        want.append((
+            "s", tid,
+            dt.datetime(1970, 1, 1) + dt.timedelta(microseconds=first_ns // 1000),
+            len(records),
+            max(r["number_of_records_in_transaction"] for r in records),
+            sorted({r["partition_token"] for r in records}),
+            max(r["number_of_partitions_in_transaction"] for r in records),
+            sorted({r["table_name"] for r in records} - {None}),
+            sorted({r["mod_type"] for r in records}),
+            next((r["transaction_tag"] for r in records if r["transaction_tag"]), None)
+            or records[0]["transaction_tag"],
+            sum(len(json.loads(r["mods"] or "[]")) for r in records),
+        ))
+    return want
+
+
+def test_the_transaction_summary_matches_the_records_whether_built_per_landing_or_at_a_pulls_end(
+        tmp_path, monkeypatch):
+    """One statement builds ``transactions`` (``store.rebuild_transactions``): at the end of each
+    ``Cache.ingest`` for the transactions it added to, and at a pull's end (any status) for
+    all its landings. Either way the rows equal a summary computed here from the records:
+    transactions that span landings (and pulls) counted once, NULLs in no list."""
     from spark_backend.cache import ingest, store
     from spark_backend.demo.world import build_world
     from spark_backend.model.records import batched
@@ -167,13 +195,16 @@ def test_a_pulls_transaction_summary_is_built_at_its_end_as_landing_by_landing(t
         row["table_name"] = None
     batches = [to_arrow_batch(chunk) for chunk in batched(rows, 100)]
     assert len(batches) > 6 and len(world.transactions) > 100
+    want = _summary_from_rows(rows)
+    assert len(want) == len(world.transactions)
+    assert any(len(w[5]) > 1 for w in want)  # some span partitions, so landings
     landing = Cache(tmp_path / "landing.duckdb")
     deferred = Cache(tmp_path / "deferred.duckdb")
     for c in (landing, deferred):
         c.ensure_stream("s", system="spanner")
     one = landing.begin_pull("s", "test", None, None, None)
     for batch in batches:
-        landing.ingest("s", one, batch)  # folded into the summary at every landing
+        landing.ingest("s", one, batch)  # summarized at the end of every landing
     monkeypatch.setattr(store, "_SUMMARY_SLICE_RECORDS", 50)  # many slices
     first = deferred.begin_pull("s", "test", None, None, None)
     half = len(batches) // 2
@@ -186,8 +217,7 @@ def test_a_pulls_transaction_summary_is_built_at_its_end_as_landing_by_landing(t
     ingest.ingest_stream(deferred, "s", second, batches[half - 1:], chunk_rows=250)
     deferred.finish_pull(second, "complete")
     query = "SELECT * FROM transactions ORDER BY server_transaction_id"
-    want = landing.con.execute(query).fetchall()
-    assert len(want) == len(world.transactions)
+    assert landing.con.execute(query).fetchall() == want
     assert deferred.con.execute(query).fetchall() == want
     assert deferred.con.execute(
         "SELECT count(*) FROM meta WHERE key LIKE 'transactions_unsummarized:%'").fetchone() \

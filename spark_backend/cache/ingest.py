@@ -13,7 +13,7 @@ from typing import Any
 
 import duckdb
 
-from spark_backend.cache.store import IngestStats
+from spark_backend.cache.store import IngestStats, rebuild_transactions
 
 _KEY = (
     "coalesce(record_id, concat_ws('|', coalesce(partition_token, ''), ts_ns::VARCHAR, "
@@ -46,14 +46,23 @@ def _stage(con: duckdb.DuckDBPyConnection, batch: Any) -> str:
 
 def begin_ingest(con: duckdb.DuckDBPyConnection) -> None:
     """Before the chunks of one ingest: remember what they insert, so that a record repeated
-    in a later chunk still counts as a duplicate delivered by the source."""
+    in a later chunk still counts as a duplicate delivered by the source, and which
+    transactions they add records to."""
     con.execute("CREATE OR REPLACE TEMP TABLE _ingest_dc (record_key TEXT)")
     con.execute("CREATE OR REPLACE TEMP TABLE _ingest_hb (partition_token TEXT, ts_ns BIGINT)")
+    con.execute("CREATE OR REPLACE TEMP TABLE _ingest_tx (id TEXT)")
 
 
-def end_ingest(con: duckdb.DuckDBPyConnection) -> None:
-    con.execute("DROP TABLE IF EXISTS _ingest_dc")
-    con.execute("DROP TABLE IF EXISTS _ingest_hb")
+def end_ingest(con: duckdb.DuckDBPyConnection, stream: str) -> None:
+    """After the chunks of one ingest: rebuild the ``transactions`` rows its chunks added
+    records to (chunks landed with ``summarize``), once, from all their records."""
+    (touched,) = con.execute("SELECT count(*) FROM _ingest_tx").fetchone()
+    if touched:
+        con.execute("CREATE OR REPLACE TEMP TABLE _ingest_touched AS "
+                    "SELECT DISTINCT id FROM _ingest_tx")
+        rebuild_transactions(con, stream, "_ingest_touched")
+    for name in ("_ingest_dc", "_ingest_hb", "_ingest_tx", "_ingest_touched"):
+        con.execute(f"DROP TABLE IF EXISTS {name}")
 
 
 def ingest_batch(
@@ -65,8 +74,8 @@ def ingest_batch(
     count_existing_as_duplicates: bool,
     summarize: bool = True,
 ) -> IngestStats:
-    """``summarize``: fold the new records into ``transactions`` now (False: the caller marked
-    them for ``Cache.summarize_transactions``)."""
+    """``summarize``: ``end_ingest`` brings ``transactions`` up to date with the new records
+    (False: the caller marked them for ``Cache.summarize_transactions``)."""
     staged = _stage(con, batch)
     _allow_unknown_times(con)
     stats = IngestStats()
@@ -171,57 +180,9 @@ def _data_change(con, stream, pull_id, count_existing, summarize) -> tuple[int, 
         {"stream": stream, "pull": pull_id},
     )
     if summarize:
-        _transactions(con, stream)
+        con.execute("INSERT INTO _ingest_tx SELECT DISTINCT server_transaction_id FROM _dc "
+                    "WHERE NOT known AND server_transaction_id IS NOT NULL")
     return int(new_n), duplicates
-
-
-def _transactions(con, stream) -> None:
-    """Fold the batch's new records into the per-transaction summary.
-
-    Transactions the cache knows are updated, the others inserted: two set-based statements.
-    (``INSERT ... ON CONFLICT DO UPDATE`` took 0.8 s a landing on a 1M-record cache, where a
-    third of a landing's transactions are known: their other partitions landed before.)
-    """
-    con.execute(
-        """CREATE OR REPLACE TEMP TABLE _tx AS
-        SELECT g.*, t.server_transaction_id IS NOT NULL AS known
-        FROM (SELECT server_transaction_id, make_timestamp_ns(min(ts_ns)) AS commit_timestamp,
-                     count(*) AS records_seen, max(n_records) AS records_expected,
-                     list_sort(list_distinct(list(DISTINCT partition_token))) AS partitions,
-                     max(n_partitions) AS partitions_expected,
-                     list_sort(list_distinct(list(DISTINCT table_name))) AS tables,
-                     list_sort(list_distinct(list(DISTINCT mod_type))) AS mod_types,
-                     any_value(transaction_tag) AS transaction_tag,
-                     sum(coalesce(json_array_length(mods), 0)) AS mods
-              FROM _dc WHERE NOT known AND server_transaction_id IS NOT NULL
-              GROUP BY server_transaction_id) g
-        LEFT JOIN transactions t
-          ON t.stream = $stream AND t.server_transaction_id = g.server_transaction_id""",
-        {"stream": stream},
-    )
-    con.execute(
-        """UPDATE transactions t SET
-            commit_timestamp = least(t.commit_timestamp, x.commit_timestamp),
-            records_seen = t.records_seen + x.records_seen,
-            records_expected = greatest(t.records_expected, x.records_expected),
-            partitions = list_sort(list_distinct(list_concat(t.partitions, x.partitions))),
-            partitions_expected = greatest(t.partitions_expected, x.partitions_expected),
-            tables = list_sort(list_distinct(list_concat(t.tables, x.tables))),
-            mod_types = list_sort(list_distinct(list_concat(t.mod_types, x.mod_types))),
-            transaction_tag = coalesce(t.transaction_tag, x.transaction_tag),
-            mods = t.mods + x.mods
-        FROM _tx x
-        WHERE x.known AND t.stream = $stream
-          AND t.server_transaction_id = x.server_transaction_id""",
-        {"stream": stream},
-    )
-    con.execute(
-        """INSERT INTO transactions
-        SELECT $stream, server_transaction_id, commit_timestamp, records_seen, records_expected,
-               partitions, partitions_expected, tables, mod_types, transaction_tag, mods
-        FROM _tx WHERE NOT known""",
-        {"stream": stream},
-    )
 
 
 def _heartbeats(con, stream, pull_id, count_existing) -> tuple[int, int]:
@@ -519,7 +480,7 @@ def ingest_stream(
                 land()
         if pending:
             land()
-        end_ingest(cache.con)
+        end_ingest(cache.con, stream)
         for sql, params in (extra_sql() if extra_sql else []):
             cache.con.execute(sql, params)
         cache._bump()

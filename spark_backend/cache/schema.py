@@ -190,7 +190,7 @@ TABLE_DOCS = {
     "edges": "parent -> child partition edges (parent NULL for children of the initial query)",
     "data_change_records": "data change records (one row each; copies > 1 means duplicates)",
     "mods": "one row per mod of a data change record: keys, new_values, old_values",
-    "transactions": "one row per server_transaction_id (a pull summarizes its own at its end)",
+    "transactions": "one row per server_transaction_id (rebuilt when a pull or import ends)",
     "heartbeats": "heartbeat records (and other systems' watermarks)",
     "child_partitions_records": "child partitions records as returned",
     "partition_records": "MUTABLE_KEY_RANGE streams: partition start, event (key-range moves "

@@ -221,6 +221,39 @@ class IngestStats:
     partitions_ended: int = 0
 
 
+def rebuild_transactions(con: duckdb.DuckDBPyConnection, stream: str, touched: str) -> None:
+    """Rebuild the ``transactions`` rows of ``stream`` whose ids the temporary table
+    ``touched`` (one column ``id``) lists, from all their records; in the caller's transaction.
+
+    The one place the summary is computed: a pull's end (``Cache.summarize_transactions``) and
+    an import's end (``ingest.end_ingest``) both call it. It runs in slices of about
+    ``_SUMMARY_SLICE_RECORDS`` records, because its list aggregates hold their groups in memory.
+    """
+    if not re.fullmatch(r"_[a-z_]+", touched):
+        raise ValueError(f"{touched!r} is not a temporary table name")
+    (records,) = con.execute(
+        "SELECT count(*) FROM data_change_records WHERE stream = ? AND "
+        f"server_transaction_id IN (SELECT id FROM {touched})", [stream]).fetchone()
+    con.execute(
+        "DELETE FROM transactions WHERE stream = ? AND server_transaction_id IN "
+        f"(SELECT id FROM {touched})", [stream])
+    slices = max(1, -(-int(records) // _SUMMARY_SLICE_RECORDS))
+    for i in range(slices):
+        con.execute(
+            f"""INSERT INTO transactions
+            SELECT stream, server_transaction_id, min(commit_timestamp), count(*),
+                   max(number_of_records_in_transaction),
+                   list_sort(list_distinct(list(DISTINCT partition_token))),
+                   max(number_of_partitions_in_transaction),
+                   list_sort(list_distinct(list(DISTINCT table_name))),
+                   list_sort(list_distinct(list(DISTINCT mod_type))),
+                   any_value(transaction_tag), sum(coalesce(mod_count, 0))
+            FROM data_change_records
+            WHERE stream = $stream AND server_transaction_id IN
+                  (SELECT id FROM {touched} WHERE hash(id) % $slices = $i)
+            GROUP BY stream, server_transaction_id""",
+            {"stream": stream, "slices": slices, "i": i})
+
 class Cache:
     """One DuckDB cache file.
 
@@ -474,28 +507,7 @@ class Cache:
             "CREATE OR REPLACE TEMP TABLE _touched AS SELECT DISTINCT server_transaction_id "
             "AS id FROM data_change_records WHERE stream = ? AND pull_id >= ? "
             "AND server_transaction_id IS NOT NULL", [stream, int(row[0])])
-        (records,) = self.con.execute(
-            "SELECT count(*) FROM data_change_records WHERE stream = ? AND "
-            "server_transaction_id IN (SELECT id FROM _touched)", [stream]).fetchone()
-        self.con.execute(
-            "DELETE FROM transactions WHERE stream = ? AND server_transaction_id IN "
-            "(SELECT id FROM _touched)", [stream])
-        slices = max(1, -(-int(records) // _SUMMARY_SLICE_RECORDS))
-        for i in range(slices):
-            self.con.execute(
-                """INSERT INTO transactions
-                SELECT stream, server_transaction_id, min(commit_timestamp), count(*),
-                       max(number_of_records_in_transaction),
-                       list_sort(list_distinct(list(DISTINCT partition_token))),
-                       max(number_of_partitions_in_transaction),
-                       list_sort(list_distinct(list(DISTINCT table_name))),
-                       list_sort(list_distinct(list(DISTINCT mod_type))),
-                       any_value(transaction_tag), sum(coalesce(mod_count, 0))
-                FROM data_change_records
-                WHERE stream = $stream AND server_transaction_id IN
-                      (SELECT id FROM _touched WHERE hash(id) % $slices = $i)
-                GROUP BY stream, server_transaction_id""",
-                {"stream": stream, "slices": slices, "i": i})
+        rebuild_transactions(self.con, stream, "_touched")
         self.con.execute("DROP TABLE _touched")
         self.con.execute("DELETE FROM meta WHERE key = ?", [key])
 
@@ -552,7 +564,7 @@ class Cache:
                 )
                 for name in vars(stats):
                     setattr(stats, name, getattr(stats, name) + getattr(part, name))
-            end_ingest(self.con)
+            end_ingest(self.con, stream)
             for sql, params in extra_sql or []:
                 self.con.execute(sql, params)
             self._bump()
