@@ -65,16 +65,26 @@ def unshare_missing() -> str | None:
 
 def _private_mounts_script(hidden: list[Path], keep: list[Path]) -> str:
     """Shell lines: tmpfs over /tmp and ``hidden``; paths of ``keep`` (the Python environment,
-    the project) that lie under a hidden folder are bound back from the host's view."""
-    lines = ["set -e", "mount -t tmpfs tmpfs /tmp"]
+    the project) that lie under a hidden folder are bound back.
+
+    Each is first bound to a folder outside what gets hidden, inside the worker's own mount
+    namespace, and moved back after the tmpfs mounts (a bind from ``/proc/1/root`` fails where
+    PID 1 lives in another mount namespace, e.g. a checkout under /tmp in a container)."""
+    covered = [p for p in keep
+               if any(p == h or h in p.parents for h in [Path("/tmp"), *hidden])]
+    lines = ["set -e", 'stash="$(mktemp -d /run/csi-keep.XXXXXX)"',
+             'mount -t tmpfs tmpfs "$stash"']
+    for i, path in enumerate(covered):
+        q = shlex.quote(str(path))
+        lines += [f'mkdir -p "$stash/{i}"', f'mount --bind {q} "$stash/{i}"']
+    lines.append("mount -t tmpfs tmpfs /tmp")
     for folder in hidden:
         lines += [f"mkdir -p {shlex.quote(str(folder))}",
                   f"mount -t tmpfs tmpfs {shlex.quote(str(folder))}"]
-    for path in keep:
-        if any(path == h or h in path.parents for h in [Path("/tmp"), *hidden]):
-            q = shlex.quote(str(path))
-            lines += [f"mkdir -p {q}", f"mount --bind /proc/1/root{q} {q}"]
-    lines.append('exec "$@"')
+    for i, path in enumerate(covered):
+        q = shlex.quote(str(path))
+        lines += [f"mkdir -p {q}", f'mount --move "$stash/{i}" {q}']
+    lines += ['umount "$stash"', 'rmdir "$stash"', 'exec "$@"']
     return "\n".join(lines)
 
 
