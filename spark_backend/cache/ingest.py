@@ -57,11 +57,9 @@ def end_ingest(con: duckdb.DuckDBPyConnection, stream: str) -> None:
     """After the chunks of one ingest: rebuild the ``transactions`` rows its chunks added
     records to (chunks landed with ``summarize``), once, from all their records."""
     (touched,) = con.execute("SELECT count(*) FROM _ingest_tx").fetchone()
-    if touched:
-        con.execute("CREATE OR REPLACE TEMP TABLE _ingest_touched AS "
-                    "SELECT DISTINCT id FROM _ingest_tx")
-        rebuild_transactions(con, stream, "_ingest_touched")
-    for name in ("_ingest_dc", "_ingest_hb", "_ingest_tx", "_ingest_touched"):
+    if touched:  # ids repeat across chunks: the rebuild reads them through IN
+        rebuild_transactions(con, stream, "_ingest_tx")
+    for name in ("_ingest_dc", "_ingest_hb", "_ingest_tx"):
         con.execute(f"DROP TABLE IF EXISTS {name}")
 
 

@@ -223,7 +223,8 @@ class IngestStats:
 
 def rebuild_transactions(con: duckdb.DuckDBPyConnection, stream: str, touched: str) -> None:
     """Rebuild the ``transactions`` rows of ``stream`` whose ids the temporary table
-    ``touched`` (one column ``id``) lists, from all their records; in the caller's transaction.
+    ``touched`` (one column ``id``; an id may repeat) lists, from all their records; in the
+    caller's transaction.
 
     The one place the summary is computed: a pull's end (``Cache.summarize_transactions``) and
     an import's end (``ingest.end_ingest``) both call it. It runs in slices of about
@@ -253,6 +254,7 @@ def rebuild_transactions(con: duckdb.DuckDBPyConnection, stream: str, touched: s
                   (SELECT id FROM {touched} WHERE hash(id) % $slices = $i)
             GROUP BY stream, server_transaction_id""",
             {"stream": stream, "slices": slices, "i": i})
+
 
 class Cache:
     """One DuckDB cache file.

@@ -68,8 +68,8 @@ def _private_mounts_script(hidden: list[Path], keep: list[Path]) -> str:
     the project) that lie under a hidden folder are bound back.
 
     Each is first bound to a folder outside what gets hidden, inside the worker's own mount
-    namespace, and moved back after the tmpfs mounts (a bind from ``/proc/1/root`` fails where
-    PID 1 lives in another mount namespace, e.g. a checkout under /tmp in a container)."""
+    namespace, and moved back after the tmpfs mounts. (Binding it back from ``/proc/1/root``
+    failed for a checkout under /tmp on our CI machine; why was not pinned down.)"""
     covered = [p for p in keep
                if any(p == h or h in p.parents for h in [Path("/tmp"), *hidden])]
     lines = ["set -e", 'stash="$(mktemp -d /run/csi-keep.XXXXXX)"',
