@@ -13,6 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from spark_backend.cache.ingest import ingest_stream
 from spark_backend.cache.store import Cache
 from spark_backend.model.errors import CacheError
 from spark_backend.model.records import arrow_schema, from_change_record, to_arrow_batch
@@ -295,3 +296,130 @@ def test_a_schema_1_cache_is_read_as_it_is_and_migrated_at_a_read_write_open(tmp
         # the view over the rebuilt tables still reads them
         assert con.execute("SELECT count(*) FROM progress_marks").fetchone()[0] >= (
             counts["data_change_records"] + counts["heartbeats"])
+
+
+def _record_at(token, ns, seq, kind):
+    ts = f"2022-09-27T12:30:00.{ns:09d}Z"
+    if kind == "hb":
+        return _hb(token, ts)
+    if kind == "end":
+        return from_change_record({"child_partitions_record": {
+            "start_timestamp": ts, "record_sequence": seq,
+            "child_partitions": [{"token": f"{token}-child", "parent_partition_tokens": [token]}]}},
+            token)
+    row = _dc(token, seq)
+    row["ts_ns"] += ns - 123_456_000
+    return row
+
+
+def _deliveries(seed: int) -> list[list[dict]]:
+    """Landings as readers deliver them: each partition in slices from where the last one
+    stopped, now and then read again from a slice's last time (a resumed read) or from
+    anywhere (a read again, also after it ended); a record now and then twice in one landing,
+    one after its partition's end, and records known by another identity or by no partition."""
+    import random
+
+    rng = random.Random(seed)
+    parts = {}
+    for p in range(4):
+        token = f"p{p}"
+        rows = []
+        for i in range(40):
+            kind = rng.choice(["dc", "dc", "dc", "hb"])
+            rows.append(_record_at(token, 1000 * (i + 1) + p, f"{i:08d}", kind))
+            if kind == "dc" and rng.random() < 0.2:  # two records at one time
+                rows.append(_record_at(token, 1000 * (i + 1) + p, f"{i:08d}b", "dc"))
+        rows.append(_record_at(token, 1000 * 41 + p, "99999999", "end"))
+        if p == 3:  # a record after its partition's end (a file can say anything)
+            rows.append(_record_at(token, 1000 * 42 + p, "00000042", "dc"))
+        parts[token] = rows
+    at = dict.fromkeys(parts, 0)
+    landings = []
+    while any(at[t] < len(parts[t]) for t in parts) or len(landings) < 30:
+        landing = []
+        for token in rng.sample(sorted(parts), 2):
+            rows, start = parts[token], at[token]
+            if start >= len(rows) or rng.random() < 0.15:
+                start = rng.randrange(len(rows))  # a read again, from anywhere
+            elif start and rng.random() < 0.3:  # resumed at the last time read
+                last = rows[start - 1]["ts_ns"]
+                while start and rows[start - 1]["ts_ns"] == last:
+                    start -= 1
+            end = min(len(rows), start + rng.randint(1, 8))
+            landing += rows[start:end]
+            at[token] = max(at[token], end)
+            if rng.random() < 0.2 and landing:
+                landing.append(dict(rng.choice(landing)))
+        for n in range(rng.randint(0, 2)):
+            other = _record_at(None, 5000 + len(landings), f"{n:08d}", "dc")
+            other["record_id"] = f"uuid-{rng.randrange(6)}"  # another system's identity
+            landing.append(other)
+        if rng.random() < 0.2:
+            landing.append(_record_at(None, 7000 + rng.randrange(4), "00000000", "dc"))
+        landings.append(landing)
+    return landings
+
+
+def _identity(row: dict) -> tuple:
+    if row.get("record_id"):
+        return ("id", row["record_id"])
+    return (row["kind"], row["partition_token"], row["ts_ns"],
+            row.get("record_sequence") if row["kind"] == "data_change" else None)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_no_record_is_stored_twice_or_lost_when_partitions_are_read_again(tmp_path, seed):
+    # The duplicate check looks up only the records that may be cached (a partition's time
+    # at or before its watermark, an ended partition, another identity); the records stored
+    # must be exactly the distinct records delivered, for a pull and for file imports.
+    landings = _deliveries(seed)
+    delivered = [r for landing in landings for r in landing if r["kind"] in
+                 ("data_change", "heartbeat")]
+    distinct = {_identity(r) for r in delivered}
+    for pull_id, as_files in ((1, False), (None, True)):
+        with Cache(tmp_path / f"c-{as_files}.duckdb") as cache:
+            cache.ensure_stream("s", system="spanner")
+            duplicates = 0
+            for landing in landings:
+                stats = cache.ingest("s", pull_id, to_arrow_batch(landing),
+                                     count_existing_as_duplicates=as_files)
+                duplicates += stats.duplicates
+            stored = cache.con.execute(
+                "SELECT 'data_change', partition_token, epoch_ns(commit_timestamp), "
+                "record_sequence, record_id, copies FROM data_change_records "
+                "UNION ALL SELECT 'heartbeat', nullif(partition_token, ''), epoch_ns(timestamp), "
+                "NULL, NULL, copies FROM heartbeats").fetchall()
+        keys = [("id", rid) if rid else (kind, token, ts, seq)
+                for kind, token, ts, seq, rid, _ in stored]
+        assert len(keys) == len(set(keys)) and set(keys) == distinct
+        if as_files:  # every copy delivered after the first is counted, and kept count of
+            assert duplicates == len(delivered) - len(distinct)
+            assert sum(copies for *_, copies in stored) == len(delivered)
+
+
+def test_a_pull_reading_its_partitions_on_looks_up_no_stored_record(cache, monkeypatch):
+    # Continuing a partition after its watermark, nothing can be cached yet: the stored
+    # records (whose scan grows with the cache) are not read; a resumed read looks them up.
+    first = [_record_at("p", 1000 * i, f"{i:08d}", "dc") for i in range(1, 5)]
+    cache.ingest("s", 1, to_arrow_batch(first + [_record_at("p", 4500, "", "hb")]))
+    seen: list[str] = []
+    con = cache.con
+
+    class Spy:
+        def __getattr__(self, name):
+            return getattr(con, name)
+
+        def execute(self, sql, *args):
+            seen.append(" ".join(sql.split()))
+            return con.execute(sql, *args)
+
+    monkeypatch.setattr(cache, "con", Spy())
+    on = [_record_at("p", 1000 * i, f"{i:08d}", "dc") for i in range(5, 9)]
+    assert ingest_stream(cache, "s", 1, [to_arrow_batch(on)]).data_change == 4  # as a pull
+    assert not [s for s in seen if "FROM data_change_records" in s or "FROM heartbeats" in s]
+    seen.clear()
+    again = ingest_stream(cache, "s", 1,
+                          [to_arrow_batch(on[-2:] + [_record_at("p", 9000, "9", "dc")])])
+    assert (again.data_change, again.duplicates) == (1, 0)
+    assert [s for s in seen if "FROM data_change_records" in s]
+    assert con.execute("SELECT count(*) FROM data_change_records").fetchone() == (9,)

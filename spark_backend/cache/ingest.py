@@ -117,11 +117,36 @@ def _allow_unknown_times(con: duckdb.DuckDBPyConnection) -> None:
             con.execute(f"ALTER TABLE {table} ALTER COLUMN {column} DROP NOT NULL")
 
 
+# Whether a record of the batch (``g``) can be in the cache already; only those are looked up
+# among the stored records, whose scan grows with the cache (and filled DuckDB's buffer pool
+# with their keys: its memory grew with every landing of a pull). A record is known by its
+# partition and time (``by_id``: it has another identity, and is always looked up), and a
+# partition holds no record later than its watermark: ingest only ever raises the watermark
+# to the newest record it stores, except where a partition ends (``end_ts`` set), whose
+# records are always looked up. So a fresh pull, which reads each partition on from where
+# it stopped, looks up nothing; a resumed one looks up what it reads again.
+_MAY_BE_CACHED = """({by_id} OR g.partition_token IS NULL OR g.ts_ns IS NULL
+    OR EXISTS (SELECT 1 FROM partitions p WHERE p.stream = $stream
+               AND p.token = g.partition_token
+               AND (p.end_ts IS NOT NULL
+                    OR g.ts_ns <= epoch_ns(p.watermark)
+                    OR (p.watermark IS NULL
+                        AND p.data_change_records + p.heartbeats > 0))))"""
+
+
+def _mark_known(con, staged: str, stored: str, match: str, stream: str) -> None:
+    """Set ``known`` on the staged rows that may be cached and are (see ``_MAY_BE_CACHED``)."""
+    (maybe,) = con.execute(f"SELECT count(*) FROM {staged} WHERE maybe").fetchone()
+    if maybe:
+        con.execute(f"UPDATE {staged} SET known = true WHERE maybe AND EXISTS "
+                    f"(SELECT 1 FROM {stored} WHERE {match})", [stream])
+
+
 def _data_change(con, stream, pull_id, count_existing, summarize) -> tuple[int, int]:
     con.execute(
         f"""CREATE OR REPLACE TEMP TABLE _dc AS
-        SELECT g.*, EXISTS (SELECT 1 FROM data_change_records d
-                            WHERE d.stream = $stream AND d.record_key = g.record_key) AS known,
+        SELECT g.*, false AS known, {_MAY_BE_CACHED.format(by_id="g.record_id IS NOT NULL")}
+                 AS maybe,
                g.record_key IN (SELECT record_key FROM _ingest_dc) AS here
         FROM (SELECT {_KEY} AS record_key, count(*) AS n,
                first(partition_token) AS partition_token, first(ts_ns) AS ts_ns,
@@ -141,6 +166,8 @@ def _data_change(con, stream, pull_id, count_existing, summarize) -> tuple[int, 
         FROM _batch WHERE kind = 'data_change' GROUP BY record_key) g""",
         {"stream": stream},
     )
+    _mark_known(con, "_dc", "data_change_records d",
+                "d.stream = ? AND d.record_key = _dc.record_key", stream)
     counted = "known" if count_existing else "here"
     known_n, new_n, new_dups = con.execute(
         f"SELECT coalesce(sum(n) FILTER (WHERE {counted}), 0), count(*) FILTER (WHERE NOT known), "
@@ -185,10 +212,9 @@ def _data_change(con, stream, pull_id, count_existing, summarize) -> tuple[int, 
 
 def _heartbeats(con, stream, pull_id, count_existing) -> tuple[int, int]:
     con.execute(
-        """CREATE OR REPLACE TEMP TABLE _hb AS
-        SELECT g.*, EXISTS (SELECT 1 FROM heartbeats h WHERE h.stream = $stream
-                            AND h.partition_token = g.partition_token
-                            AND h.timestamp = make_timestamp_ns(g.ts_ns)) AS known,
+        f"""CREATE OR REPLACE TEMP TABLE _hb AS
+        SELECT g.*, false AS known, {_MAY_BE_CACHED.format(by_id="g.partition_token = ''")}
+                 AS maybe,
                EXISTS (SELECT 1 FROM _ingest_hb i WHERE i.partition_token = g.partition_token
                        AND i.ts_ns = g.ts_ns) AS here
         FROM (SELECT coalesce(partition_token, '') AS partition_token, ts_ns, count(*) AS n,
@@ -196,6 +222,9 @@ def _heartbeats(con, stream, pull_id, count_existing) -> tuple[int, int]:
               FROM _batch WHERE kind = 'heartbeat' GROUP BY ALL) g""",
         {"stream": stream},
     )
+    _mark_known(con, "_hb", "heartbeats h",
+                "h.stream = ? AND h.partition_token = _hb.partition_token "
+                "AND h.timestamp = make_timestamp_ns(_hb.ts_ns)", stream)
     counted = "known" if count_existing else "here"
     new_n, new_dups, known_n = con.execute(
         "SELECT count(*) FILTER (WHERE NOT known), "
