@@ -120,11 +120,12 @@ def _allow_unknown_times(con: duckdb.DuckDBPyConnection) -> None:
 # Whether a record of the batch (``g``) can be in the cache already; only those are looked up
 # among the stored records, whose scan grows with the cache (and filled DuckDB's buffer pool
 # with their keys: its memory grew with every landing of a pull). A record is known by its
-# partition and time (``by_id``: it has another identity, and is always looked up), and a
-# partition holds no record later than its watermark: ingest only ever raises the watermark
-# to the newest record it stores, except where a partition ends (``end_ts`` set), whose
-# records are always looked up. So a fresh pull, which reads each partition on from where
-# it stopped, looks up nothing; a resumed one looks up what it reads again.
+# partition and time (``by_id``: rows always looked up, those with another identity or, for
+# heartbeats, with no partition), and a partition holds no record later than its watermark:
+# ingest only ever raises the watermark to the newest record it stores, except where a
+# partition ends (``end_ts`` set), whose records are always looked up. So a fresh pull,
+# which reads each partition on from where it stopped, looks up nothing; a resumed one looks
+# up what it reads again.
 _MAY_BE_CACHED = """({by_id} OR g.partition_token IS NULL OR g.ts_ns IS NULL
     OR EXISTS (SELECT 1 FROM partitions p WHERE p.stream = $stream
                AND p.token = g.partition_token
