@@ -106,7 +106,7 @@ def test_a_pulling_process_caps_duckdb_lower_and_the_environment_overrides(tmp_p
         return value
 
     monkeypatch.delenv("CSI_DUCKDB_MEMORY", raising=False)
-    assert limit(_open_cache(str(tmp_path / "pull.duckdb"), landing=True)).startswith("183")
+    assert limit(_open_cache(str(tmp_path / "pull.duckdb"), landing=True)).startswith("122")  # MiB
     assert limit(_open_cache(str(tmp_path / "look.duckdb"))).startswith("953")
     monkeypatch.setenv("CSI_DUCKDB_MEMORY", "2GB")
     assert limit(_open_cache(str(tmp_path / "big.duckdb"), landing=True)).startswith("1.8")

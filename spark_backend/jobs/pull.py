@@ -486,9 +486,10 @@ class _Lander:
     The driver never waits for a landing while the results not landed yet are fewer than
     ``max_rows``: results that arrive during a landing wait for their own, one task's
     results per transaction (a first version that landed together what had waited ran
-    DuckDB out of its 192MB in a 1M-record pull at 2 ms). A driver that waited for each landing left
-    the task slots it freed meanwhile empty (in a 1M-record pull the landings once took ~75%
-    of the time, before the transaction summary moved to the pull's end)."""
+    DuckDB out of the 192MB it then had in a 1M-record pull at 2 ms). A driver that waited
+    for each landing left the task slots it freed meanwhile empty (in a 1M-record pull the
+    landings once took ~75% of the time, before the transaction summary moved to the pull's
+    end)."""
 
     def __init__(self, cache, stream, pull_id, end_ns, jobs, events, max_rows):
         import threading
