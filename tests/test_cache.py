@@ -151,6 +151,45 @@ def test_arrows_allocator_gives_freed_pages_back_in_the_tools_processes():
     assert purge_delay(MIMALLOC_PURGE_DELAY="250") == "250"
 
 
+_ARENA_PROBE = """
+import ctypes, os, sys, tempfile, threading
+if sys.argv[1] == "package":
+    import spark_backend
+barrier = threading.Barrier(16)
+def work():
+    keep = [bytearray(1000) for _ in range(100)]  # malloc'd by this thread
+    barrier.wait()  # all 16 alive at once
+libc = ctypes.CDLL("libc.so.6")
+threads = [threading.Thread(target=work) for _ in range(16)]
+for t in threads: t.start()
+for t in threads: t.join()
+libc.fopen.restype = ctypes.c_void_p
+with tempfile.NamedTemporaryFile("r", suffix=".xml") as out:
+    fp = libc.fopen(out.name.encode(), b"w")
+    libc.malloc_info(0, ctypes.c_void_p(fp))
+    libc.fclose(ctypes.c_void_p(fp))
+    print(os.environ.get("MALLOC_ARENA_MAX"), out.read().count("<heap nr="))
+"""
+
+
+def test_the_tools_processes_keep_two_malloc_arenas():
+    """glibc's malloc reads MALLOC_ARENA_MAX when a process starts: the package sets it for
+    the processes it starts (Spark's JVM and workers inherit it) and caps the arenas of the
+    process importing it itself; a user's own setting wins. 16 threads allocating at once
+    would otherwise get arenas of their own (up to 8 per core)."""
+    def arenas(mode, **env):
+        full = {k: v for k, v in os.environ.items() if k != "MALLOC_ARENA_MAX"}
+        out = subprocess.run([sys.executable, "-c", _ARENA_PROBE, mode], env={**full, **env},
+                             cwd=ROOT, capture_output=True, text=True, timeout=60, check=True)
+        setting, heaps = out.stdout.split()
+        return setting, int(heaps)
+
+    assert arenas("package") == ("2", 2)
+    assert arenas("package", MALLOC_ARENA_MAX="1") == ("1", 1)
+    setting, heaps = arenas("without")
+    assert setting == "None" and heaps > 2
+
+
 def _summary_from_rows(rows: list[dict]) -> list[tuple]:
     """The ``transactions`` rows, computed in Python from the record rows themselves."""
     import datetime as dt

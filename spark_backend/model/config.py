@@ -36,15 +36,37 @@ PULL_THREADS = max(1, (os.cpu_count() or 1) // 4)
 # ``app/main.py`` imports the package before anything loads pyarrow). A pull frees one task's
 # Arrow results after another, in the driver and in Spark's Python workers. 0 gives them back
 # at once: a 1M-record pull's peak PSS went 1,602 -> 1,387 MB (single runs; driver 711 -> 556,
-# the two workers 405 -> 360); replaying its landings took 3-10% longer. Spark's local workers
-# inherit it; a cluster's executors get it from the session (``spark.executorEnv``). A user's
-# own setting wins.
-ALLOCATOR_ENV = {"MIMALLOC_PURGE_DELAY": "0"}
+# the two workers 405 -> 360); replaying its landings took 3-10% longer.
+# glibc's malloc (Python's objects, DuckDB, the JVM's own) keeps one arena of freed memory per
+# thread that ever allocated, up to 8 per core: the driver's landing, job and gRPC threads, the
+# JVM's and the workers' threads each hold pages another could reuse. Two arenas per process:
+# see ``README.md`` ("Memory of a pull") for what it saved. glibc reads MALLOC_ARENA_MAX when a
+# process starts, so the driver that sets it caps its own arenas with ``mallopt``.
+# Spark's local workers and the JVM inherit these; a cluster's executors get them from the
+# session (``spark.executorEnv``). A user's own setting wins.
+ALLOCATOR_ENV = {"MIMALLOC_PURGE_DELAY": "0", "MALLOC_ARENA_MAX": "2"}
+_M_ARENA_MAX = -8  # glibc's malloc.h
 
 
 def set_allocator_env() -> None:
     for name, value in ALLOCATOR_ENV.items():
-        os.environ.setdefault(name, value)
+        if name not in os.environ:
+            os.environ[name] = value
+            if name == "MALLOC_ARENA_MAX":
+                _cap_malloc_arenas(int(value))
+
+
+def _cap_malloc_arenas(arenas: int) -> None:
+    """This process's glibc malloc keeps at most ``arenas`` arenas from now on (elsewhere than
+    glibc, nothing)."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc.mallopt(_M_ARENA_MAX, arenas)
+    except (OSError, AttributeError):
+        pass  # not glibc: its own allocator, its own rules
 
 
 DEFAULT_HEARTBEAT_MS = 10_000

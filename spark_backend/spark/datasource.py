@@ -161,12 +161,13 @@ def change_stream_frame(spark, options: dict):
     for every job and keeps them running, with a daemon each: ~240 MB after warm-up.
     The options are checked here, on the driver, as the data source checks them.
 
-    The rows travel PACKED: each Spark row (``PACKED_DDL``) holds one LZ4-compressed Arrow
-    IPC stream of up to ``BATCH_ROWS`` record rows; :func:`unpacked` gives the record
-    batches back. Spark moves a few opaque values per task instead of converting every
-    record from Arrow to its rows and back (in a 100k-record pull the JVM spent ~80 µs of
-    CPU per record on that, and a task's results reached the driver ~0.5 s after its last
-    row), and the task results it holds are the compressed bytes."""
+    The rows travel PACKED: each Spark row (``PACKED_DDL``) holds one compressed Arrow IPC
+    stream of up to ``BATCH_ROWS`` record rows, its repeated columns dictionary-encoded
+    (:func:`packed`); :func:`unpacked` gives the record batches back. Spark moves a few
+    opaque values per task instead of converting every record from Arrow to its rows and
+    back (in a 100k-record pull the JVM spent ~80 µs of CPU per record on that, and a task's
+    results reached the driver ~0.5 s after its last row), and the task results it holds
+    are the compressed bytes."""
     reader = SpannerChangeStreamDataSourceReader(options)
     parts = reader.partitions()
 
@@ -179,12 +180,32 @@ def change_stream_frame(spark, options: dict):
     return spark.range(0, len(parts), 1, len(parts)).mapInArrow(read, PACKED_DDL)
 
 
+# The columns whose values repeat from record to record within a task's batch: a partition's
+# token and a table's column types (42% of a demo batch's bytes) on every record of them, a
+# transaction's tag and sequence numbers on each of its records, a few names. Dictionary-encoded,
+# each distinct value travels once and stays once in the driver's memory until it lands: 8,192
+# demo records held 7.66 MB of Arrow plain, 3.58 MB encoded. DuckDB reads the encoded columns
+# as their values; ``pyarrow.compute`` and ``to_pylist`` do too.
+DICTIONARY_COLUMNS = ("partition_token", "record_sequence", "table_name", "value_capture_type",
+                      "column_types", "mod_type", "transaction_tag")
+# zstd at level 1 instead of LZ4: the same 8,192 records packed into 525 KB instead of 945 KB,
+# in 6.2 ms instead of 7.8 (unpacked in 2.1 ms instead of 3.6); Spark's JVM holds the packed
+# bytes of the tasks it has not handed over yet.
+PACKED_CODEC = ("zstd", 1)
+
+
 def packed(batch):
-    """A one-row Arrow batch (``PACKED_DDL``) holding ``batch`` as a compressed IPC stream."""
+    """A one-row Arrow batch (``PACKED_DDL``) holding ``batch`` as a compressed IPC stream,
+    the ``DICTIONARY_COLUMNS`` it has dictionary-encoded."""
     import pyarrow as pa
 
+    columns = [column.dictionary_encode()
+               if name in DICTIONARY_COLUMNS and not pa.types.is_dictionary(column.type)
+               else column
+               for name, column in zip(batch.schema.names, batch.columns, strict=True)]
+    batch = pa.RecordBatch.from_arrays(columns, batch.schema.names)
     sink = pa.BufferOutputStream()
-    options = pa.ipc.IpcWriteOptions(compression="lz4")
+    options = pa.ipc.IpcWriteOptions(compression=pa.Codec(*PACKED_CODEC))
     with pa.ipc.new_stream(sink, batch.schema, options=options) as writer:
         writer.write_batch(batch)
     data = sink.getvalue()
@@ -194,7 +215,8 @@ def packed(batch):
 
 
 def unpacked(batches):
-    """The record batches inside the packed rows of ``batches`` (see :func:`packed`)."""
+    """The record batches inside the packed rows of ``batches`` (see :func:`packed`): the
+    ``DICTIONARY_COLUMNS`` stay dictionary-encoded, each batch with its own dictionaries."""
     import pyarrow as pa
 
     for batch in batches:
