@@ -184,12 +184,12 @@ def change_stream_frame(spark, options: dict):
 # token and a table's column types (42% of a demo batch's bytes) on every record of them, a
 # transaction's tag and sequence numbers on each of its records, a few names. Dictionary-encoded,
 # each distinct value travels once and stays once in the driver's memory until it lands: 8,192
-# demo records held 7.66 MB of Arrow plain, 3.58 MB encoded. DuckDB reads the encoded columns
-# as their values; ``pyarrow.compute`` and ``to_pylist`` do too.
+# demo records hold 3.3 MB of Arrow encoded, 8.0 MB plain (``benchmarks/packed_results.py``).
+# DuckDB reads the encoded columns as their values; ``pyarrow.compute`` and ``to_pylist`` too.
 DICTIONARY_COLUMNS = ("partition_token", "record_sequence", "table_name", "value_capture_type",
                       "column_types", "mod_type", "transaction_tag")
-# zstd at level 1 instead of LZ4: the same 8,192 records packed into 525 KB instead of 945 KB,
-# in 6.2 ms instead of 7.8 (unpacked in 2.1 ms instead of 3.6); Spark's JVM holds the packed
+# zstd at level 1: the same records packed encoded into 0.43 MB, 0.81 MB with LZ4 (1.07 MB
+# plain with LZ4, as before), packing in 6.9 ms against 6.0 plain; Spark's JVM holds the packed
 # bytes of the tasks it has not handed over yet.
 PACKED_CODEC = ("zstd", 1)
 
