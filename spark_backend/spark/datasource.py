@@ -181,7 +181,7 @@ def change_stream_frame(spark, options: dict):
 
 
 # The columns whose values repeat from record to record within a task's batch: a partition's
-# token and a table's column types (42% of a demo batch's bytes) on every record of them, a
+# token and a table's column types (JSON) on every record of them, a
 # transaction's tag and sequence numbers on each of its records, a few names. Dictionary-encoded,
 # each distinct value travels once and stays once in the driver's memory until it lands: 8,192
 # demo records hold 3.3 MB of Arrow encoded, 8.0 MB plain (``benchmarks/packed_results.py``).
