@@ -31,32 +31,8 @@ def _batch(rows: int):
     return to_arrow_batch(list(itertools.islice(records, rows)))
 
 
-def _pack(batch, encode: bool, codec):
-    from spark_backend.spark import datasource
-
-    if encode and codec == datasource.PACKED_CODEC:
-        return datasource.packed(batch)  # the project's own code
-    return _pack_with(batch, codec, datasource.DICTIONARY_COLUMNS if encode else ())
-
-
-def _pack_with(batch, codec, encoded):
-    import pyarrow as pa
-
-    columns = [c.dictionary_encode() if n in encoded else c
-               for n, c in zip(batch.schema.names, batch.columns, strict=True)]
-    batch = pa.RecordBatch.from_arrays(columns, batch.schema.names)
-    sink = pa.BufferOutputStream()
-    options = pa.ipc.IpcWriteOptions(compression=pa.Codec(*codec))
-    with pa.ipc.new_stream(sink, batch.schema, options=options) as writer:
-        writer.write_batch(batch)
-    data = sink.getvalue()
-    offsets = pa.array([0, data.size], pa.int32()).buffers()[1]
-    return pa.RecordBatch.from_arrays(
-        [pa.Array.from_buffers(pa.binary(), 1, [None, offsets, data])], ["arrow"])
-
-
 def main(argv: list[str] | None = None) -> int:
-    from spark_backend.spark.datasource import PACKED_CODEC, unpacked
+    from spark_backend.spark.datasource import DICTIONARY_COLUMNS, PACKED_CODEC, packed, unpacked
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=int, default=8192)
@@ -65,16 +41,17 @@ def main(argv: list[str] | None = None) -> int:
 
     batch = _batch(args.rows)
     variants = {
-        "plain, LZ4": (False, ("lz4", None)),
-        "dictionary, LZ4": (True, ("lz4", None)),
-        f"dictionary, {PACKED_CODEC[0]} {PACKED_CODEC[1]} (project)": (True, PACKED_CODEC),
+        "plain, LZ4": ((), ("lz4", None)),
+        "dictionary, LZ4": (DICTIONARY_COLUMNS, ("lz4", None)),
+        f"dictionary, {PACKED_CODEC[0]} {PACKED_CODEC[1]} (project)": (DICTIONARY_COLUMNS,
+                                                                      PACKED_CODEC),
     }
     times: dict[str, tuple[list[float], list[float]]] = {v: ([], []) for v in variants}
     sizes: dict[str, tuple[int, int]] = {}
     for _ in range(args.repeat):
-        for name, (encode, codec) in variants.items():
+        for name, (encoded, codec) in variants.items():
             t0 = time.perf_counter()
-            row = _pack(batch, encode, codec)
+            row = packed(batch, encoded, codec)
             t1 = time.perf_counter()
             (back,) = unpacked([row])
             t2 = time.perf_counter()

@@ -38,8 +38,8 @@ PULL_THREADS = max(1, (os.cpu_count() or 1) // 4)
 # at once: a 1M-record pull's peak PSS went 1,602 -> 1,387 MB (single runs; driver 711 -> 556,
 # the two workers 405 -> 360); replaying its landings took 3-10% longer.
 # glibc's malloc (Python's objects, DuckDB, the JVM's own) keeps one arena of freed memory per
-# thread that ever allocated, up to 8 per core: the driver's landing, job and gRPC threads, the
-# JVM's and the workers' threads each hold pages another could reuse. Two arenas per process:
+# thread that ever allocated, up to 8 per core: the driver's landing and job threads, the
+# workers' reader threads and the JVM's each hold pages another could reuse. Two arenas per process:
 # see ``README.md`` ("Memory of a pull") for what it saved. glibc reads MALLOC_ARENA_MAX when a
 # process starts, so the driver that sets it caps its own arenas with ``mallopt``.
 # Spark's local workers and the JVM inherit these; a cluster's executors get them from the

@@ -194,18 +194,16 @@ DICTIONARY_COLUMNS = ("partition_token", "record_sequence", "table_name", "value
 PACKED_CODEC = ("zstd", 1)
 
 
-def packed(batch):
-    """A one-row Arrow batch (``PACKED_DDL``) holding ``batch`` as a compressed IPC stream,
-    the ``DICTIONARY_COLUMNS`` it has dictionary-encoded."""
+def packed(batch, encoded=DICTIONARY_COLUMNS, codec=PACKED_CODEC):
+    """A one-row Arrow batch (``PACKED_DDL``) holding ``batch`` as an IPC stream compressed
+    with ``codec`` (name, level), its ``encoded`` columns dictionary-encoded."""
     import pyarrow as pa
 
-    columns = [column.dictionary_encode()
-               if name in DICTIONARY_COLUMNS and not pa.types.is_dictionary(column.type)
-               else column
+    columns = [column.dictionary_encode() if name in encoded else column
                for name, column in zip(batch.schema.names, batch.columns, strict=True)]
     batch = pa.RecordBatch.from_arrays(columns, batch.schema.names)
     sink = pa.BufferOutputStream()
-    options = pa.ipc.IpcWriteOptions(compression=pa.Codec(*PACKED_CODEC))
+    options = pa.ipc.IpcWriteOptions(compression=pa.Codec(*codec))
     with pa.ipc.new_stream(sink, batch.schema, options=options) as writer:
         writer.write_batch(batch)
     data = sink.getvalue()
