@@ -283,6 +283,33 @@ def test_partition_that_keeps_failing_is_named_and_what_was_read_is_kept(spark, 
     cache.close()
 
 
+@pytest.mark.parametrize(("memory", "doing"), [
+    ("4MB", "while the pull wrote to it"),          # before any task's results
+    ("12MB", "while landing a task's results"),     # at the first landing
+])
+def test_a_cache_duckdb_refuses_is_named_as_the_caches_and_the_next_pull_resumes(
+        spark, tmp_path, monkeypatch, memory, doing):
+    """DuckDB out of memory in a cache given too little: the pull fails with one sentence that
+    names the cache and $CSI_DUCKDB_MEMORY (not a Spark job, no DuckDB hint list); with
+    memory, the next pull completes the cache to the ground truth."""
+    monkeypatch.delenv("CSI_DUCKDB_MEMORY", raising=False)
+    world = build_world(scale=SMALL)
+    path = tmp_path / "starved.duckdb"
+    with Cache(path, memory_limit=memory) as cache:
+        result = run_pull(cache, PullRequest(source="demo", demo_scale=SMALL))
+    assert result.status == "failed"
+    assert result.error.startswith(f"The cache {path} failed {doing} (Out of Memory Error"), (
+        result.error)
+    assert result.error.endswith("give DuckDB more memory with $CSI_DUCKDB_MEMORY (e.g. "
+                                 "CSI_DUCKDB_MEMORY=256MB) and pull again to resume.")
+    assert "Spark" not in result.error and "\n" not in result.error
+    with Cache(path) as cache:
+        assert cache.con.execute("SELECT status FROM pulls").fetchall() == [("failed",)]
+        assert run_pull(cache, PullRequest(source="demo", demo_scale=SMALL)).status == (
+            "complete")
+        assert_equals_world(cache, "DemoStream", world, heartbeats=False)
+
+
 def _descendants(world, token):
     out, todo = set(), [token]
     while todo:

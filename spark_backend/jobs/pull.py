@@ -21,10 +21,18 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import duckdb
+
 from spark_backend.cache.store import Cache
 from spark_backend.model import checks, config
 from spark_backend.model.enums import PartitionState, Source, values
-from spark_backend.model.errors import BadInput, InspectorError, PullFailed, SourceError
+from spark_backend.model.errors import (
+    BadInput,
+    CacheError,
+    InspectorError,
+    PullFailed,
+    SourceError,
+)
 from spark_backend.model.records import to_arrow_batch
 from spark_backend.model.timestamps import TimestampError, coerce_ns, format_ns, now_ns
 from spark_backend.spanner.connect import (
@@ -541,6 +549,9 @@ class _Lander:
                 landed = (_LANDED, self.cache.frontier(self.stream, self.end_ns),
                           list(self.total.failed), self.total.records, self.total.ended,
                           self.cache.partition_count(self.stream))
+            except duckdb.Error as e:  # the cache, not Spark: say so, and how to resume
+                landed = CacheError(_cache_failed(self.cache, e, "landing a task's results"))
+                landed.__cause__ = e
             except BaseException as e:
                 landed = e
             del batches
@@ -549,6 +560,17 @@ class _Lander:
                 self.rows -= rows
                 self.changed.notify_all()
             self.events.put((None, landed))
+
+
+def _cache_failed(cache: Cache, error: Exception, doing: str) -> str:
+    """One sentence for a write the cache's DuckDB refused (not Spark's, not the source's)."""
+    first = (str(error).splitlines() or [""])[0]
+    advice = "pull again to resume"
+    if isinstance(error, duckdb.OutOfMemoryException):
+        name = config.MEMORY_ENVVAR
+        advice = f"give DuckDB more memory with ${name} (e.g. {name}=256MB) and {advice}"
+    return (f"The cache {cache.path} failed while {doing} ({first}); what landed before is "
+            f"kept; {advice}.")
 
 
 def _give_back_memory() -> None:
@@ -761,6 +783,8 @@ def run_pull(
         except KeyboardInterrupt:
             cache.finish_pull(pull_id, "interrupted", error="interrupted by the user")
             raise
+        except duckdb.Error as e:  # the cache, before or after the reads
+            result.status, result.error = "failed", _cache_failed(cache, e, "the pull wrote to it")
         except Exception as e:  # Spark or the source failed in a way we did not foresee
             result.status = "failed"
             first = (str(e).splitlines() or [""])[0]
