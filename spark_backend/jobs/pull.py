@@ -74,10 +74,10 @@ class PullRequest:
     max_attempts: int = 6
     threads_per_task: int = 64          # partitions a task reads at once (they mostly wait)
     # Bounds what one task hands to the driver (and what waits there for the landing): a
-    # 100k-record pull's tasks stay under it, a 1M-record one's reached 50,000; 50,000 ->
-    # 16,384 took a 1M / 20 ms pull's peak PSS from 1,131-1,154 MB (median 1,143 of 7 runs) to
-    # 1,116-1,129 (median 1,117 of 3) in the same time (median pull 167.6 vs 169.1 s; ~82 jobs
-    # instead of ~57).
+    # 1M-record pull's tasks reached 50,000; a 100k-record pull ran 16-17 jobs with 16,384, 16
+    # before. 50,000 -> 16,384 took a 1M / 20 ms pull's peak PSS from 1,131-1,154 MB (median
+    # 1,143 of 7 runs) to 1,116-1,129 (median 1,117 of 3) in the same time (median pull 167.6
+    # vs 169.1 s; ~82 jobs instead of ~57).
     max_rows_per_task: int = 16_384
     task_seconds: float = 5.0           # a task's results reach the driver when it ends
     # "spark": Spark's tasks read (the pull). "here": this process reads, without Spark: for a
