@@ -14,6 +14,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 SCRIPT = r"""
@@ -41,20 +43,41 @@ def children(pid):
             continue
     return found
 
+spark = spark_session()
+jvm = spark.sparkContext._jvm
 print(json.dumps({"status": result.status, "records": result.records,
-                  "processes": children(os.getpid())}))
+                  "processes": children(os.getpid()),
+                  "jvm_args": list(jvm.java.lang.management.ManagementFactory.getRuntimeMXBean()
+                                   .getInputArguments()),
+                  "direct_results": spark.sparkContext.getConf().get(
+                      "spark.task.maxDirectResultSize")}))
 """
 
 
-def test_a_pull_starts_no_data_source_planning_processes(tmp_path):
+@pytest.fixture(scope="module")
+def seen(tmp_path_factory) -> dict:
+    """One demo pull in a process of its own: what it started and its JVM's settings."""
+    tmp_path = tmp_path_factory.mktemp("pull-processes")
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "SPARK_LOCAL_IP": "127.0.0.1",
            "SPANNER_DISABLE_BUILTIN_METRICS": "true"}
     out = subprocess.run([sys.executable, "-c", SCRIPT, str(ROOT)], capture_output=True,
                          text=True, env=env, cwd=tmp_path, timeout=600, check=False)
     lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
     assert out.returncode == 0 and lines, out.stderr[-3000:]
-    seen = json.loads(lines[-1])
+    return json.loads(lines[-1])
+
+
+def test_a_pull_starts_no_data_source_planning_processes(seen):
     assert (seen["status"], seen["records"]) == ("complete", 28_000)
     python = [p for p in seen["processes"] if "pyspark" in p]
     assert any("pyspark.worker" in p for p in python), seen["processes"]  # the tasks' workers
     assert not [p for p in python if "data_source" in p], python
+
+
+def test_the_driver_jvm_compiles_with_c1_and_takes_task_results_directly(seen):
+    """The memory settings of a pull's JVM (see "Memory of a pull" in the README), as the
+    running JVM reports them: the quick compiler only, and task results up to 16 MB in their
+    status message (above Spark's 1 MB each went through the block store, its removal on a
+    thread of its own: ~170 more threads in a 1M-record pull)."""
+    assert "-XX:TieredStopAtLevel=1" in seen["jvm_args"], seen["jvm_args"]
+    assert seen["direct_results"] == "16m"
