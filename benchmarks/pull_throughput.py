@@ -492,10 +492,12 @@ def main() -> None:
         _side(args)
         return
     with _cluster_if(args) as cluster_url:
+        demo: list[tuple[str, float]] = []
         if args.demo:
             for name, master in _masters(args):
                 out = _run_side("project", None, args, cluster_url if master else None)
                 runs = out["runs"]
+                demo.append((name, _median(runs, "seconds")))
                 print(f"demo world ({runs[0]['rows']:,} rows) on {name}, Spark warm: median "
                       f"{_median(runs, 'seconds'):.1f}s of {[round(r['seconds'], 1) for r in runs]}"
                       f", {runs[0]['waves']} waves, peak {out['peak_mb']:,.0f} MB (RSS sum), "
@@ -504,14 +506,17 @@ def main() -> None:
               f"{'proj rec/s':>10} {'ratio':>6} {'proj s':>7} {'bound s':>7} {'of bound':>8} "
               f"{'waves':>5} {'server cpu':>10} {'base MB':>7} {'proj MB':>7} {'proj PSS':>8}",
               flush=True)
+        rows: list[dict] = []
         for target in args.records:
             for latency in args.latency_ms:
-                _one_row(args, target, latency, cluster_url)
+                rows += _one_row(args, target, latency, cluster_url)
+        _targets(rows, demo)
 
 
-def _one_row(args, target: int, latency: float, cluster_url: str | None) -> None:
+def _one_row(args, target: int, latency: float, cluster_url: str | None) -> list[dict]:
     scale = round(target / RECORDS_PER_SCALE, 3)
     proc, world = _start_server(scale, args.dialect, latency)
+    rows = []
     try:
         bound = world["chain_responses"] * latency / 1000
         _, cpu0 = tree_usage(proc.pid)
@@ -540,9 +545,42 @@ def _one_row(args, target: int, latency: float, cluster_url: str | None) -> None
             print(f"{'':>9}   runs {[round(r['seconds'], 1) for r in runs]} s; server busy "
                   f"{base_server:.0%} of a core under the baseline; PSS at the peak (MB): "
                   f"{kinds}", flush=True)
+            rows.append({"records": runs[0]["rows"], "latency": latency, "spark": name,
+                         "ratio": p_rate / b_rate, "of_bound": bound / secs,
+                         "pss_mb": mine.get("peak_pss_mb", 0), "cluster": bool(master)})
     finally:
         proc.stdin.close()
         proc.wait(timeout=60)
+    return rows
+
+
+def _targets(rows: list[dict], demo: list[tuple[str, float]]) -> None:
+    """Each figure against issue 8's target, in the same run: the demo world in <= 5 s with
+    Spark warm; >= 8x the sequential client and >= 70% of the bound at 20 ms; peak PSS
+    <= 1.5 GB, and how it grows from the fewest records to the most (flat is the target)."""
+    print("targets (issue 8):", flush=True)
+    for name, seconds in demo:
+        print(f"  demo world on {name}: {seconds:.1f} s, target <= 5 s: "
+              f"{'met' if seconds <= 5 else 'NOT met'}", flush=True)
+    for r in rows:
+        if r["latency"] == 20:
+            ok = r["ratio"] >= 8 and r["of_bound"] >= 0.7
+            print(f"  {r['records']:,} records, 20 ms, {r['spark']}: {r['ratio']:.2f}x the "
+                  f"sequential client (>= 8x), {r['of_bound']:.0%} of the bound (>= 70%): "
+                  f"{'met' if ok else 'NOT met'}", flush=True)
+    for r in rows:
+        if not r["cluster"]:  # on the cluster the executors are outside the measured tree
+            print(f"  {r['records']:,} records, {r['latency']:g} ms: peak PSS {r['pss_mb']:,.0f} "
+                  f"MB, target <= 1,536 MB: {'met' if r['pss_mb'] <= 1536 else 'NOT met'}",
+                  flush=True)
+    for latency in sorted({r["latency"] for r in rows}):
+        local = sorted((r["records"], r["pss_mb"]) for r in rows
+                       if r["latency"] == latency and not r["cluster"])
+        if len(local) > 1:
+            (n0, m0), (n1, m1) = local[0], local[-1]
+            print(f"  memory from {n0:,} to {n1:,} records at {latency:g} ms ({n1 / n0:.1f}x the "
+                  f"records): {m0:,.0f} -> {m1:,.0f} MB peak PSS ({m1 - m0:+,.0f} MB, "
+                  f"{m1 / m0 - 1:+.1%}); flat is the target", flush=True)
 
 
 class _cluster_if:
