@@ -254,9 +254,9 @@ def _classic_session(master: str):
         # 1M-record pull the JVM's peak PSS 810 -> 723-743 MB (trim); the young generation
         # took it 749 -> 607 MB in a trace sampled every 3 s (680-700 MB in the benchmark).
         # Only the quick compiler (C1, ``TieredStopAtLevel=1``): the JVM moves opaque packed
-        # bytes and schedules tasks, its code is not what a pull waits for, and the optimising
-        # compiler's code and work kept growing through a long pull (JVM PSS, median through
-        # a 1M-record pull at 20 ms: 380 -> 353 MB; 100k: 336 -> 325; same pull times).
+        # bytes and schedules tasks, its code is not what a pull waits for, and without the
+        # optimising compiler it is smaller (JVM PSS, median through a 1M-record pull at
+        # 20 ms: 380 -> 353 MB, two runs each; 100k: 336 -> 325; same pull times).
         .set("spark.driver.memory", os.environ.get("CSI_SPARK_DRIVER_MEMORY", "512m"))
         .set("spark.driver.extraJavaOptions", os.environ.get(
             "CSI_SPARK_DRIVER_JAVA_OPTIONS",
