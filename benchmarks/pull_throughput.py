@@ -379,7 +379,7 @@ def run_project(host: str | None, dialect: str, stream: str, start: int, end: in
         os.environ["SPANNER_EMULATOR_HOST"] = host
     from spark_backend.cache.store import Cache
     from spark_backend.jobs.pull import PullRequest, run_pull
-    from spark_backend.model.config import PULL_MEMORY_LIMIT, PULL_THREADS
+    from spark_backend.model.config import PULL_ALLOCATOR, PULL_MEMORY_LIMIT, PULL_THREADS
     from spark_backend.spark.session import spark_session, warm_up
 
     warm_up(spark_session(master))  # one-time JVM and worker start-up: not part of throughput
@@ -387,7 +387,7 @@ def run_project(host: str | None, dialect: str, stream: str, start: int, end: in
     for _ in range(repeat):
         with tempfile.TemporaryDirectory() as tmp, \
                 Cache(Path(tmp) / "bench.duckdb", memory_limit=PULL_MEMORY_LIMIT,
-                      threads=PULL_THREADS) as cache:
+                      threads=PULL_THREADS, allocator=PULL_ALLOCATOR) as cache:
             if host:
                 request = PullRequest(source="spanner", project="p", instance="i", database="d",
                                       source_stream=stream, dialect=dialect, start=start,

@@ -146,7 +146,8 @@ def _open_cache(path: str, must_exist: bool = False, *, landing: bool = False):
 
     _check_cache_path(path, must_exist)
     if landing:
-        return Cache(path, memory_limit=config.PULL_MEMORY_LIMIT, threads=config.PULL_THREADS)
+        return Cache(path, memory_limit=config.PULL_MEMORY_LIMIT, threads=config.PULL_THREADS,
+                     allocator=config.PULL_ALLOCATOR)
     return Cache(path, memory_limit=config.DEFAULT_MEMORY_LIMIT)
 
 

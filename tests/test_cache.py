@@ -136,6 +136,23 @@ def test_a_pulling_process_gives_duckdb_fewer_threads_and_the_environment_overri
             Cache(tmp_path / "bad.duckdb")
 
 
+def test_a_pulling_process_has_duckdbs_allocator_give_freed_memory_back(tmp_path):
+    """The landing cache flushes DuckDB's allocator past 8 MB and purges it on a background
+    thread (a pull's median memory, not its peak: see ``config.PULL_ALLOCATOR``); a cache
+    the dashboard opens keeps DuckDB's own settings (its queries reuse what they freed)."""
+    from spark_backend.cli import _open_cache
+
+    def allocator(cache):
+        row = cache.con.execute("SELECT current_setting('allocator_flush_threshold'), "
+                                "current_setting('allocator_background_threads')").fetchone()
+        cache.close()
+        return row
+
+    assert allocator(_open_cache(str(tmp_path / "pull.duckdb"), landing=True)) == (
+        "7.6 MiB", True)
+    assert allocator(_open_cache(str(tmp_path / "look.duckdb"))) == ("128.0 MiB", False)
+
+
 def test_arrows_allocator_gives_freed_pages_back_in_the_tools_processes():
     """mimalloc (Arrow's allocator) reads its options once, when pyarrow loads: importing the
     package first sets them; a user's own setting wins. MIMALLOC_VERBOSE prints what the

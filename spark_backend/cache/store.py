@@ -96,14 +96,15 @@ def _threads(default: int | None) -> int | None:
     return int(value)
 
 
-def _connect(path: Path, read_only: bool, memory_limit: str,
-             threads: int | None = None) -> duckdb.DuckDBPyConnection:
+def _connect(path: Path, read_only: bool, memory_limit: str, threads: int | None = None,
+             allocator: dict[str, Any] | None = None) -> duckdb.DuckDBPyConnection:
     # A pull commits once per task's results: checkpointing at every commit (DuckDB's default
     # past 16 MB of WAL) was a third of the landing time; until a checkpoint, what was written
     # stays in memory too (256 MB of WAL held ~300 MB). The WAL is replayed after a crash.
     config = {**LOCKED_DOWN, "memory_limit": memory_limit, "checkpoint_threshold": "64MB"}
     if threads is not None:
         config["threads"] = threads
+    config.update(allocator or {})
     try:
         return duckdb.connect(str(path), read_only=read_only, config=config)
     except duckdb.ConnectionException as e:
@@ -268,15 +269,18 @@ class Cache:
     """
 
     def __init__(self, path: str | Path, read_only: bool = False, *,
-                 memory_limit: str = DEFAULT_MEMORY_LIMIT, threads: int | None = None):
+                 memory_limit: str = DEFAULT_MEMORY_LIMIT, threads: int | None = None,
+                 allocator: dict[str, Any] | None = None):
         """``memory_limit``: DuckDB's cap in this process unless ``$CSI_DUCKDB_MEMORY`` sets
         one (``PULL_MEMORY_LIMIT`` for a process that only pulls or imports); ``threads``:
         DuckDB's threads (None: one per core) unless ``$CSI_DUCKDB_THREADS`` sets them
-        (``PULL_THREADS`` for that process)."""
+        (``PULL_THREADS`` for that process); ``allocator``: DuckDB's allocator settings
+        (``PULL_ALLOCATOR`` for that process; None: DuckDB's own)."""
         self.path = Path(path)
         self.read_only = read_only
         _check_path(self.path, read_only)
-        self.con = _connect(self.path, read_only, _memory_limit(memory_limit), _threads(threads))
+        self.con = _connect(self.path, read_only, _memory_limit(memory_limit), _threads(threads),
+                            allocator)
         try:
             _check_ours(self.con, self.path)
         except BaseException:
