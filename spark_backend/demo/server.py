@@ -172,8 +172,13 @@ def postgresql_row_type(stream: str) -> Any:
 # --------------------------------------------------------------------------- value encoding
 
 
+# One encoder for every value (``json.dumps`` with options builds one per call: a quarter of
+# the time of turning the demo world's records into values).
+_JSON = json.JSONEncoder(sort_keys=True, separators=(",", ":"))
+
+
 def _js(obj: Any) -> str:
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"))
+    return _JSON.encode(obj)
 
 
 def to_googlesql_value(rec: dict) -> list:
@@ -244,17 +249,28 @@ def _chunks(v: Any, max_chars: int, force: bool) -> list:
 
 def _to_pb_value(v: Any) -> Any:
     out = struct_pb2.Value()
+    _fill_pb_value(out, v)
+    return out
+
+
+def _fill_pb_value(out: Any, v: Any) -> None:
+    """``v`` (str, bool, None or nested lists of them) into the protobuf ``Value`` ``out``,
+    element by element (``ListValue.extend`` goes through a generic setter per element: ~40%
+    slower on the demo world's records)."""
     if isinstance(v, str):
         out.string_value = v
     elif isinstance(v, list):
-        out.list_value.extend(v)  # handles nested lists, str, bool, None
+        values = out.list_value.values
+        if not v:
+            out.list_value.SetInParent()  # an empty list is still a list
+        for item in v:
+            _fill_pb_value(values.add(), item)
     elif v is None:
         out.null_value = struct_pb2.NULL_VALUE
     elif isinstance(v, bool):
         out.bool_value = v
     else:
         raise TypeError(f"cannot encode {type(v)}")
-    return out
 
 
 # --------------------------------------------------------------------------- SQL parsing
