@@ -172,8 +172,8 @@ def postgresql_row_type(stream: str) -> Any:
 # --------------------------------------------------------------------------- value encoding
 
 
-# One encoder for every value (``json.dumps`` with options builds one per call: a quarter of
-# the time of turning the demo world's records into values).
+# One encoder for every value (``json.dumps`` with options builds one per call): the demo
+# world's records into values in 1.00-1.07 s instead of 1.20-1.26.
 _JSON = json.JSONEncoder(sort_keys=True, separators=(",", ":"))
 
 
@@ -255,8 +255,8 @@ def _to_pb_value(v: Any) -> Any:
 
 def _fill_pb_value(out: Any, v: Any) -> None:
     """``v`` (str, bool, None or nested lists of them) into the protobuf ``Value`` ``out``,
-    element by element (``ListValue.extend`` goes through a generic setter per element: ~40%
-    slower on the demo world's records)."""
+    element by element (through ``ListValue.extend`` the demo world's values took 1.05-1.11 s,
+    this way 0.59-0.60)."""
     if isinstance(v, str):
         out.string_value = v
     elif isinstance(v, list):
