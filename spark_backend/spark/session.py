@@ -265,12 +265,12 @@ def _classic_session(master: str):
             "-XX:+IgnoreUnrecognizedVMOptions "
             "-XX:+UnlockDiagnosticVMOptions -XX:TrimNativeHeapInterval=1000"))
         .set("spark.executor.memory", "1g")
-        # A task's results up to 16 MB travel in its status message. Above 1 MB (Spark's
-        # default) they are put in the executor's block store, fetched from there and removed,
-        # the removals on pools that grow to 100 threads each, idle threads living a minute: a
-        # 1M-record pull (tasks of up to 16,384 records, some over 1 MB packed) kept ~170 such
-        # threads in the driver's JVM (225 threads in all against 128 in a 100k-record pull,
-        # +11 MB of thread stacks; ~135 with this).
+        # A task's results up to 16 MB travel in its status message instead of being put in
+        # the executor's block store, fetched from there and removed (Spark's default above
+        # 1 MB; a 1M-record pull's tasks carry up to 16,384 records); its effect on memory was not
+        # measured apart from the C1 change's. The block manager's two thread pools (up to
+        # 100 threads each, idle ones kept a minute) still fill in a 1M-record pull with it:
+        # their work there is the clean-up of each job's broadcast (Spark's debug log).
         .set("spark.task.maxDirectResultSize", "16m")
     )
     for name in config.ALLOCATOR_ENV:  # a cluster's executors do not inherit the driver's env
