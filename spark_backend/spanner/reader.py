@@ -65,6 +65,7 @@ import json
 import re
 import threading
 import time
+import weakref
 from collections.abc import Iterator
 from enum import StrEnum
 from typing import Any
@@ -369,23 +370,72 @@ def _params(dialect: str, token: str | None, start_ns: int, end_ns: int | None, 
 
 
 class _Session:
-    """One Spanner session for a partition read (created and deleted through the client API)."""
+    """A Spanner session for partition reads (created and deleted through the client API).
+
+    A read takes one from the process's idle sessions of its database (:meth:`take`) and
+    gives it back when its query ended or was cancelled (:meth:`give_back`): a Spark task
+    starts and stops dozens of partition reads at each of its boundaries, and two calls to
+    the source per read (create, delete) were two round trips on the way of each of them. A
+    session Spanner no longer knows (deleted after an hour idle, or a server that restarted)
+    is replaced when a query says so (:meth:`renew`)."""
 
     def __init__(self, database):
+        self.api = database.spanner_api
+        self.database_name = database.name
+        self.metadata = [("google-cloud-resource-prefix", database.name)]
+        self.key = (id(database), database.name)
+        self.name = self._create()
+
+    def _create(self) -> str:
         from google.cloud.spanner_v1 import CreateSessionRequest
 
-        self.api = database.spanner_api
-        self.metadata = [("google-cloud-resource-prefix", database.name)]
-        self.name = self.api.create_session(
-            request=CreateSessionRequest(database=database.name), metadata=self.metadata,
+        return self.api.create_session(
+            request=CreateSessionRequest(database=self.database_name), metadata=self.metadata,
             retry=RETRY,
         ).name
+
+    @classmethod
+    def take(cls, database) -> _Session:
+        key = (id(database), database.name)
+        with _IDLE_LOCK:
+            idle = _IDLE_SESSIONS.get(key)
+            if idle is None:  # the first read of this Database: its list goes with it
+                _IDLE_SESSIONS[key] = []
+                weakref.finalize(database, _IDLE_SESSIONS.pop, key, None)
+            elif idle:
+                return idle.pop()
+        return cls(database)
+
+    def give_back(self) -> None:
+        with _IDLE_LOCK:
+            idle = _IDLE_SESSIONS.get(self.key)
+            if idle is not None and len(idle) < IDLE_SESSIONS_MAX:
+                idle.append(self)
+                return
+        self.close()
+
+    def renew(self) -> None:
+        self.name = self._create()
 
     def close(self) -> None:
         try:
             self.api.delete_session(name=self.name, metadata=self.metadata)
         except Exception:  # the session expires on its own; nothing to lose
             pass
+
+
+# (id(Database), its name) -> sessions no read is using, dropped with the Database (a
+# forgotten endpoint's); at most IDLE_SESSIONS_MAX each (a task reads at most ``threads``
+# partitions at once). Those left when the process ends are deleted by Spanner after an hour
+# idle.
+_IDLE_SESSIONS: dict[tuple[int, str], list[_Session]] = {}
+_IDLE_LOCK = threading.Lock()
+IDLE_SESSIONS_MAX = 128
+
+
+def _session_gone(exc: BaseException) -> bool:
+    """Spanner no longer knows the session (NOT_FOUND "Session not found")."""
+    return type(exc).__name__ == "NotFound" and "session not found" in str(exc).lower()
 
 
 def _request(session: _Session, sql: str, params: dict, types: dict):
@@ -404,19 +454,22 @@ def _request(session: _Session, sql: str, params: dict, types: dict):
 def _resumable(session: _Session, request, max_attempts: int, backoff_s: float, stats: dict):
     """PartialResultSets, resumed from the last resume token after a transient error: the one
     retry layer. At most ``max_attempts`` attempts in a row without progress; the pauses follow
-    ``google.api_core.retry``'s exponential backoff (with jitter, at most 5 s)."""
+    ``google.api_core.retry``'s exponential backoff (with jitter, at most 5 s). A session
+    Spanner no longer knows is replaced once, before any result, without a pause. Closing
+    this generator cancels the call (the session is free again)."""
     from google.api_core.retry import exponential_sleep_generator
 
     resume_token = b""
     buffer: list = []
     failures = 0
+    renewed = False
     sleeps = exponential_sleep_generator(backoff_s, 5.0, 2.0)
     while True:
+        stream = None
         try:
             request.resume_token = resume_token
-            for item in session.api.execute_streaming_sql(
-                request=request, metadata=session.metadata
-            ):
+            stream = session.api.execute_streaming_sql(request=request, metadata=session.metadata)
+            for item in stream:
                 buffer.append(item)
                 if item.resume_token:
                     resume_token = item.resume_token
@@ -427,7 +480,17 @@ def _resumable(session: _Session, request, max_attempts: int, backoff_s: float, 
                         sleeps = exponential_sleep_generator(backoff_s, 5.0, 2.0)
             yield from buffer
             return
+        except GeneratorExit:
+            if stream is not None:
+                stream.cancel()
+            raise
         except Exception as e:
+            if not renewed and not resume_token and _session_gone(e):
+                renewed = True
+                session.renew()
+                request.session = session.name
+                buffer.clear()
+                continue
             if not is_transient(e) or failures + 1 >= max_attempts:
                 raise
             buffer.clear()
@@ -449,22 +512,33 @@ def query_partition(
     stats = stats if stats is not None else {}
     sql = query_text(dialect, stream, mode)
     params, types = _params(dialect, token, start_ns, end_ns, heartbeat_ms)
-    session = _Session(database)
+    session = _Session.take(database)
+    responses = None
+    reusable = False
     try:
         request = _request(session, sql, params, types)
-        results = StreamedResultSet(
-            _resumable(session, request, max_attempts, backoff_s, stats), lazy_decode=True
-        )
+        responses = _resumable(session, request, max_attempts, backoff_s, stats)
+        results = StreamedResultSet(responses, lazy_decode=True)
         decode = None
-        for row in results:
-            if decode is None:
-                stats["mode"] = stream_mode(results.fields)
-                decode = _decoder(results.fields, dialect)
-            yield decode(row)
+        try:
+            for row in results:
+                if decode is None:
+                    stats["mode"] = stream_mode(results.fields)
+                    decode = _decoder(results.fields, dialect)
+                yield decode(row)
+        except GeneratorExit:  # the reader stopped here (a task's budget): cancel the call
+            reusable = True
+            raise
         if decode is None and results.metadata is not None and results.fields:
             stats["mode"] = stream_mode(results.fields)
+        reusable = True
     finally:
-        session.close()
+        if responses is not None:
+            responses.close()
+        if reusable:
+            session.give_back()
+        else:  # a failed query: a fresh session for the next one
+            session.close()
 
 
 def read_partition_rows(
