@@ -73,13 +73,17 @@ class PullRequest:
     emulator_seconds: float = 20.0
     max_attempts: int = 6
     threads_per_task: int = 64          # partitions a task reads at once (they mostly wait)
-    # Bounds what one task hands to the driver (and what waits there for the landing): a
-    # 1M-record pull's tasks reached 50,000; a 100k-record pull ran 16-17 jobs with 16,384, 16
-    # before. 50,000 -> 16,384 took a 1M / 20 ms pull's peak PSS from 1,131-1,154 MB (median
-    # 1,143 of 7 runs) to 1,116-1,129 (median 1,117 of 3) in the same time (median pull 167.6
-    # vs 169.1 s; ~82 jobs instead of ~57).
-    max_rows_per_task: int = 16_384
-    task_seconds: float = 5.0           # a task's results reach the driver when it ends
+    # A task's budget: it stops its reads after this many rows or seconds. It bounds what one
+    # task hands to the driver (and what waits there for the landing), and each end costs
+    # the reads it stops (in a 1M-record pull at 20 ms: ~0.25 s from a read's stop to its
+    # query in the next task, and the row it stopped on is read twice; 35-40 such ends on
+    # the longest chain of a pull of 16,384 rows / 5 s). 16,384 / 5 s -> 32,768 / 8 s: that
+    # pull in 147.3 / 147.0 s instead of 155.8 / 156.3 (sessions reused in both; ~43 jobs
+    # instead of ~81), peak PSS 1,074-1,087 MB against 1,075-1,079 (README, "Memory of a
+    # pull"). (Earlier: 50,000 -> 16,384 took its peak from median 1,143 to 1,117 MB when
+    # the driver still held more per task.)
+    max_rows_per_task: int = 32_768
+    task_seconds: float = 8.0           # a task's results reach the driver when it ends
     # "spark": Spark's tasks read (the pull). "here": this process reads, without Spark: for a
     # small span while Spark is still starting (the dashboard's first minute); same reader,
     # same workflow, same landing.

@@ -267,7 +267,7 @@ def _classic_session(master: str):
         .set("spark.executor.memory", "1g")
         # A task's results up to 16 MB travel in its status message instead of being put in
         # the executor's block store, fetched from there and removed (Spark's default above
-        # 1 MB; a 1M-record pull's tasks carry up to 16,384 records); its effect on memory was not
+        # 1 MB; a 1M-record pull's tasks carry up to 32,768 records); its effect on memory was not
         # measured apart from the C1 change's. The block manager's two thread pools (up to
         # 100 threads each, idle ones kept a minute) still fill in a 1M-record pull with it:
         # their work there is the clean-up of each job's broadcast (Spark's debug log).
