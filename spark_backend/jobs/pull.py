@@ -79,9 +79,9 @@ class PullRequest:
     # query in the next task, and the row it stopped on is read twice; 35-40 such ends on
     # the longest chain of a pull of 16,384 rows / 5 s). 16,384 / 5 s -> 32,768 / 8 s: that
     # pull in 147.3 / 147.0 s instead of 155.8 / 156.3 (sessions reused in both; ~43 jobs
-    # instead of ~81), peak PSS 1,074-1,087 MB against 1,075-1,079 (README, "Memory of a
-    # pull"). (Earlier: 50,000 -> 16,384 took its peak from median 1,143 to 1,117 MB when
-    # the driver still held more per task.)
+    # instead of ~81), its peak PSS ~10-20 MB higher (README, "Memory of a pull", with the
+    # runs). (Earlier: 50,000 -> 16,384 took its peak from median 1,143 to 1,117 MB when the
+    # driver still held more per task.)
     max_rows_per_task: int = 32_768
     task_seconds: float = 8.0           # a task's results reach the driver when it ends
     # "spark": Spark's tasks read (the pull). "here": this process reads, without Spark: for a
