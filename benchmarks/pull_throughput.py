@@ -272,7 +272,7 @@ def serve(scale: float, dialect: str, latency_ms: float) -> None:
 
     # The world and the responses encoded ahead live as long as the server: Python's cyclic
     # collector only walks them again and again while they are built (a 1M-record world:
-    # 62 full collections of 2.1-2.8 s each), so it waits until they are built and then
+    # 61 full collections, up to 3.0 s each, 74 s in all), so it waits until they are built and then
     # leaves them out of its walks (``gc.freeze``).
     gc.disable()
     world = build_world(seed=7, scale=scale)
