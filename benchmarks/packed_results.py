@@ -32,7 +32,7 @@ def _batch(rows: int):
 
 
 def main(argv: list[str] | None = None) -> int:
-    from spark_backend.spark.datasource import DICTIONARY_COLUMNS, PACKED_CODEC, packed, unpacked
+    from spark_backend.spark.packing import DICTIONARY_COLUMNS, PACKED_CODEC, packed, unpacked
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=int, default=8192)

@@ -18,6 +18,7 @@ from spark_backend.model.records import to_arrow_batch
 from spark_backend.spanner.connect import SpannerTarget, open_database
 from spark_backend.spanner.reader import read_partition_rows
 from spark_backend.spanner.workflow import read_partitions
+from spark_backend.spark.packing import packed, packed_rows
 
 HEARTBEAT_MS = 10_000
 
@@ -70,7 +71,7 @@ def test_reads_stopped_by_a_budget_give_their_sessions_back_and_continue(world):
             got = list(read_partitions(db, "googlesql", world.stream, parts, world.end,
                                        HEARTBEAT_MS, threads=4, max_rows=2_000))
             rows += got
-            plan.task_ended(parts, [to_arrow_batch(got)])
+            plan.task_ended(parts, list(packed_rows([packed(to_arrow_batch(got))])))
             assert rounds < 200
         counters = server.counters
     assert rounds > 3  # the budget stopped reads, which went on where they stopped

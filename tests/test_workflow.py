@@ -162,6 +162,13 @@ def _task_results(token_rows: dict[str, list[dict]], ends: list[dict]) -> list:
     return [to_arrow_batch(rows + ends)]
 
 
+def _arrived(batches: list) -> list:
+    """A task's batches as the driver holds them: packed in the task, kept packed."""
+    from spark_backend.spark.packing import packed, packed_rows
+
+    return list(packed_rows([packed(b) for b in batches]))
+
+
 def test_the_driver_plans_the_next_task_from_a_tasks_results_as_the_cache_would(tmp_path):
     """The driver starts the next task from a task's results before they land (``_Plan``):
     a partition stopped for the budget continues right after its last timestamp (what the
@@ -180,7 +187,7 @@ def test_the_driver_plans_the_next_task_from_a_tasks_results_as_the_cache_would(
         [partition_end("child_token_1", "open", parse_ns("2022-05-01T09:10:00Z"),
                        read_from=T0, stopped="budget"),
          partition_end("child_token_2", "finished", T_MERGE, read_from=T0, end=T_MERGE)])
-    plan.task_ended([p for p in first if p[0] != "child_token_3"], a)
+    plan.task_ended([p for p in first if p[0] != "child_token_3"], _arrived(a))
     stopped_at = parse_ns("2022-05-01T09:10:00Z") + 1
     assert plan.ready == {"child_token_1": stopped_at}  # not the merge child: 3 still reads
     assert "child_token_4" in plan.waiting
@@ -195,14 +202,14 @@ def test_the_driver_plans_the_next_task_from_a_tasks_results_as_the_cache_would(
     assert "child_token_4" not in dict(cache.frontier("s", END))
     plan.take()
     # Task B (partition 3) stopped before it started it: 3 is read again from its start.
-    plan.task_ended([("child_token_3", T0)], [to_arrow_batch([])])
+    plan.task_ended([("child_token_3", T0)], _arrived([to_arrow_batch([])]))
     assert plan.ready == {"child_token_3": T0} and "child_token_4" in plan.waiting
     plan.take()
     # Task C finished 3: the merge child is ready at its start, once.
     c = _task_results({"child_token_3": [_heartbeat("2022-05-01T09:25:00Z"), MERGE_RECORD]},
                       [partition_end("child_token_3", "finished", T_MERGE, read_from=T0,
                                      end=T_MERGE)])
-    plan.task_ended([("child_token_3", T0)], c)
+    plan.task_ended([("child_token_3", T0)], _arrived(c))
     assert plan.ready == {"child_token_4": T_MERGE} and not plan.waiting
     cache.ingest("s", pull, pa.Table.from_batches(c))
     assert dict(cache.frontier("s", END))["child_token_4"] == T_MERGE
@@ -257,13 +264,13 @@ def test_results_that_arrive_during_a_landing_do_not_wait_for_it(tmp_path, monke
     events: queue.Queue = queue.Queue()
     lander = pull._Lander(cache, "s", pull_id, END, SimpleNamespace(started=1), events,
                           max_rows=rows["initial"] + rows["b"] + rows["c"])
-    lander.put(initial)  # lands first, held at the gate
+    lander.put(_arrived(initial))  # lands first, held at the gate
     assert landing.wait(30)
-    putting = threading.Thread(target=lambda: (lander.put(b), lander.put(c)))
+    putting = threading.Thread(target=lambda: (lander.put(_arrived(b)), lander.put(_arrived(c))))
     putting.start()
     putting.join(30)
     assert not putting.is_alive()  # the driver did not wait for the landing in progress
-    beyond = threading.Thread(target=lambda: lander.put(a))
+    beyond = threading.Thread(target=lambda: lander.put(_arrived(a)))
     beyond.start()
     beyond.join(0.5)
     assert beyond.is_alive()  # over the bound: it waits for a landing to end
@@ -293,7 +300,7 @@ def _demo_batches(n_batches: int = 2, rows: int = 2_000) -> list:
 
 
 def test_task_results_travel_with_repeated_values_once_and_land_the_same(tmp_path):
-    from spark_backend.spark.datasource import DICTIONARY_COLUMNS, packed, unpacked
+    from spark_backend.spark.packing import DICTIONARY_COLUMNS, packed, unpacked
 
     plain = _demo_batches()
     arrived = list(unpacked([packed(b) for b in plain]))

@@ -46,6 +46,7 @@ from spark_backend.spanner.reader import (
     validate_heartbeat,
     validate_stream_name,
 )
+from spark_backend.spark.packing import Packed, packed_rows, record_rows
 
 SOURCES = values(Source)
 READERS = ("spark", "here")
@@ -291,7 +292,7 @@ class _Wave:
         import pyarrow.compute as pc
 
         kinds = table.column("kind")
-        self.records += _record_rows(table)
+        self.records += record_rows(table)
         ends = table.filter(pc.equal(kinds, "partition_end"))
         for token, extra in zip(ends.column("partition_token").to_pylist(),
                                 ends.column("extra").to_pylist(), strict=True):
@@ -301,13 +302,6 @@ class _Wave:
             self.ended += 1
             if detail.get("state") == PartitionState.INCOMPLETE:
                 self.failed.append((token, detail.get("error") or "unknown error"))
-
-
-def _record_rows(table: Any) -> int:
-    """The rows of an Arrow table or batch that are records (not partition start/end rows)."""
-    import pyarrow.compute as pc
-
-    return int(pc.sum(pc.is_in(table.column("kind"), value_set=_record_kinds())).as_py() or 0)
 
 
 class _Plan:
@@ -339,9 +333,10 @@ class _Plan:
         self.reading.update(token for token, _ in parts)
         return parts
 
-    def task_ended(self, roots: list[tuple[str, int]], results: list[Any]) -> None:
-        """A task's ``results`` (Arrow batches) arrived: what can be read next."""
-        ends, children = _ends_and_children(results)
+    def task_ended(self, roots: list[tuple[str, int]], results: list[Packed]) -> None:
+        """A task's ``results`` arrived: what can be read next."""
+        ends = [end for piece in results for end in piece.ends]
+        children = [child for piece in results for child in piece.children]
         seen = set()
         for token, state, budget, read_to in ends:
             seen.add(token)
@@ -364,34 +359,6 @@ class _Plan:
             if parents <= self.finished:
                 del self.waiting[child]
                 self.ready[child] = start
-
-
-def _ends_and_children(results: list[Any]) -> tuple[list[tuple], list[tuple]]:
-    """(token, state, stopped for the budget, read to) of each partition end row and (child,
-    parents, start) of each announced child, from a task's Arrow batches."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    ends: list[tuple] = []
-    children: list[tuple] = []
-    for batch in results:
-        kinds = batch.column("kind")
-        picked = batch.filter(pc.is_in(kinds, value_set=pa.array(
-            ["partition_end", "child_partitions"])))
-        for row in picked.select(["kind", "partition_token", "ts_ns", "extra",
-                                  "child_partitions"]).to_pylist():
-            if row["kind"] == "partition_end":
-                if row["partition_token"] is None:
-                    continue  # the task's own end marker
-                detail = json.loads(row["extra"] or "{}")
-                ends.append((row["partition_token"], detail.get("state"),
-                             detail.get("stopped") == "budget", row["ts_ns"]))
-            else:
-                for child in json.loads(row["child_partitions"] or "[]"):
-                    parents = [t for t in child["parent_partition_tokens"] if t]
-                    children.append((child["token"], parents or [row["partition_token"]],
-                                     row["ts_ns"]))
-    return ends, children
 
 
 _JOB_DONE = object()
@@ -455,18 +422,18 @@ class _Jobs:
                          name=f"pull-job-{number}").start()
 
     def _run(self, number: int, options: dict) -> None:
-        from spark_backend.spark.datasource import change_stream_frame, unpacked
+        from spark_backend.spark.datasource import change_stream_frame
         from spark_backend.spark.session import arrow_batches, is_remote
 
         try:
             if is_remote(self.spark):
                 self.spark.addTag(self.tag)  # this thread's operations
             df = change_stream_frame(self.spark, options)
-            for batch in unpacked(arrow_batches(self.spark, df)):
+            for piece in packed_rows(arrow_batches(self.spark, df)):
                 while not self.in_flight.acquire(timeout=0.5):
                     if self.closed:
                         return  # the pull ended: nobody takes it
-                self.events.put((number, batch))
+                self.events.put((number, piece))
             self.events.put((number, _JOB_DONE))
         except BaseException as e:
             self.events.put((number, e))
@@ -480,18 +447,6 @@ class _Jobs:
         else:
             with contextlib.suppress(Exception):
                 self.spark.interruptTag(self.tag)
-
-
-def _task_ends(batch: Any) -> tuple[Any, int | None]:
-    """(the batch without its task-end marker, the index of the task it ended, if any)."""
-    import pyarrow.compute as pc
-
-    marker = pc.and_(pc.equal(batch.column("kind"), "partition_end"),
-                     pc.is_null(batch.column("partition_token")))
-    if not pc.any(marker).as_py():
-        return batch, None
-    extra = batch.filter(marker).column("extra")[0].as_py()
-    return batch.filter(pc.invert(marker)), int(json.loads(extra)["task"])
 
 
 class _Lander:
@@ -522,12 +477,12 @@ class _Lander:
         self.thread = threading.Thread(target=self._run, daemon=True, name="pull-lander")
         self.thread.start()
 
-    def put(self, batches: list[Any]) -> None:
-        rows = sum(b.num_rows for b in batches)
+    def put(self, pieces: list[Packed]) -> None:
+        rows = sum(p.rows for p in pieces)
         with self.changed:
             while self.rows and self.rows + rows > self.max_rows and self.thread.is_alive():
                 self.changed.wait(0.5)
-            self.waiting.append(batches)
+            self.waiting.append(pieces)
             self.rows += rows
             self.changed.notify_all()
         self.outstanding += 1
@@ -547,10 +502,12 @@ class _Lander:
                     self.changed.wait()
                 if not self.waiting:
                     return
-                batches = self.waiting.pop(0)
-            rows = sum(b.num_rows for b in batches)
+                pieces = self.waiting.pop(0)
+            rows = sum(p.rows for p in pieces)
+            batches: list[Any] = []  # decoded only now: until here they wait compressed
             try:
                 before = self.total.records
+                batches = [batch for piece in pieces for batch in piece.batches()]
                 ingest_stream(self.cache, self.stream, self.pull_id, batches,
                               on_chunk=self.total.count,
                               extra_sql=lambda b=before: [_count_pull(
@@ -563,7 +520,7 @@ class _Lander:
                 landed.__cause__ = e
             except BaseException as e:
                 landed = e
-            del batches
+            del pieces, batches
             _give_back_memory()
             with self.changed:
                 self.rows -= rows
@@ -645,14 +602,13 @@ def _read_all(spark, cache, stream, pull_id, src, request, parts, end_ns, report
                 raise item
             else:
                 jobs.in_flight.release()
-                batch, task = _task_ends(item)
-                if batch.num_rows:
-                    pending.setdefault(number, []).append(batch)
-                if task is not None:
+                if item.task is None:
+                    pending.setdefault(number, []).append(item)
+                else:
                     results = pending.pop(number, [])
-                    plan.task_ended(jobs.tasks.pop((number, task)), results)
+                    plan.task_ended(jobs.tasks.pop((number, item.task)), results)
                     launch()  # before landing: the next task does not wait for the cache
-                    arrived = sum(_record_rows(b) for b in results)
+                    arrived = sum(p.records for p in results)
                     report(PullProgress(jobs.started, result.partitions_read, known,
                                         result.records + arrived, f"job {number}: reading"))
                     lander.put(results)
@@ -712,14 +668,6 @@ def _count_pull(pull_id: int, records: int, waves: int) -> tuple[str, list[Any]]
     transaction)."""
     return ("UPDATE pulls SET records = records + ?, waves = ? WHERE pull_id = ?",
             [records, waves, pull_id])
-
-
-def _record_kinds():
-    import pyarrow as pa
-
-    return pa.array(["data_change", "heartbeat", "child_partitions"])
-
-
 
 
 def start_spark_early() -> tuple[Any, Any]:

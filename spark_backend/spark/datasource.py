@@ -5,7 +5,7 @@
 - ``ChangeFilesDataSource`` (``change_files``): one input partition per file of a supported
   format; each yields the format's rows (bad input as ``kind='bad'`` rows).
 - ``change_stream_frame``: the first source's rows through ``mapInArrow``, packed (what a pull
-  runs; ``unpacked`` gives them back).
+  runs; ``packing`` holds the packed rows' format).
 
 Reader state must pickle: only option strings and plain values; clients are opened and heavy
 libraries imported inside ``read()``.
@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
 from spark_backend.model.records import SPARK_DDL
+from spark_backend.spark.packing import PACKED_DDL, packed
 
 BATCH_ROWS = 4096
 
@@ -150,9 +151,6 @@ class SpannerChangeStreamDataSourceReader(DataSourceReader):
             yield to_arrow_batch([partition_end(None, "task_done", None, task=partition.index)])
 
 
-PACKED_DDL = "arrow BINARY"
-
-
 def change_stream_frame(spark, options: dict):
     """The rows the ``spanner_change_stream`` source gives for ``options``, read by
     ``mapInArrow`` over one row per input partition instead: the same reader, the same
@@ -162,64 +160,28 @@ def change_stream_frame(spark, options: dict):
     The options are checked here, on the driver, as the data source checks them.
 
     The rows travel PACKED: each Spark row (``PACKED_DDL``) holds one compressed Arrow IPC
-    stream of up to ``BATCH_ROWS`` record rows, its repeated columns dictionary-encoded
-    (:func:`packed`); :func:`unpacked` gives the record batches back. Spark moves a few
-    opaque values per task instead of converting every record from Arrow to its rows and
-    back (in a 100k-record pull the JVM spent ~80 µs of CPU per record on that, and a task's
-    results reached the driver ~0.5 s after its last row), and the task results it holds
-    are the compressed bytes."""
+    stream of up to ``BATCH_ROWS`` record rows, its repeated columns dictionary-encoded, with
+    what the driver's planning needs of them beside it (:func:`packed`); with
+    ``task_markers``, a task's last row has no records and names the task (``task``).
+    :func:`packed_rows` gives the driver the rows as :class:`Packed` and :func:`unpacked` the
+    record batches. Spark moves a few opaque values per task instead of converting every
+    record from Arrow to its rows and back (in a 100k-record pull the JVM spent ~80 µs of CPU
+    per record on that, and a task's results reached the driver ~0.5 s after its last row),
+    the task results it holds are the compressed bytes, and so are those the driver holds
+    until they land."""
     reader = SpannerChangeStreamDataSourceReader(options)
     parts = reader.partitions()
+    markers, reader.task_markers = reader.task_markers, False
 
     def read(batches):
         for batch in batches:
             for index in batch.column(0).to_pylist():
                 for records in reader.read(parts[index]):
                     yield packed(records)
+                if markers:  # the driver lands a task's rows once it saw all of them
+                    yield packed(None, task=index)
 
     return spark.range(0, len(parts), 1, len(parts)).mapInArrow(read, PACKED_DDL)
-
-
-# The columns whose values repeat from record to record within a task's batch: a partition's
-# token and a table's column types (JSON) on every record of them, a
-# transaction's tag and sequence numbers on each of its records, a few names. Dictionary-encoded,
-# each distinct value travels once and stays once in the driver's memory until it lands: 8,192
-# demo records hold 3.3 MB of Arrow encoded, 8.0 MB plain (``benchmarks/packed_results.py``).
-# DuckDB reads the encoded columns as their values; ``pyarrow.compute`` and ``to_pylist`` too.
-DICTIONARY_COLUMNS = ("partition_token", "record_sequence", "table_name", "value_capture_type",
-                      "column_types", "mod_type", "transaction_tag")
-# zstd at level 1: the same records packed encoded into 0.43 MB, 0.81 MB with LZ4 (1.07 MB
-# plain with LZ4, as before), packing in 6.9 ms against 6.0 plain; Spark's JVM holds the packed
-# bytes of the tasks it has not handed over yet.
-PACKED_CODEC = ("zstd", 1)
-
-
-def packed(batch, encoded=DICTIONARY_COLUMNS, codec=PACKED_CODEC):
-    """A one-row Arrow batch (``PACKED_DDL``) holding ``batch`` as an IPC stream compressed
-    with ``codec`` (name, level), its ``encoded`` columns dictionary-encoded."""
-    import pyarrow as pa
-
-    columns = [column.dictionary_encode() if name in encoded else column
-               for name, column in zip(batch.schema.names, batch.columns, strict=True)]
-    batch = pa.RecordBatch.from_arrays(columns, batch.schema.names)
-    sink = pa.BufferOutputStream()
-    options = pa.ipc.IpcWriteOptions(compression=pa.Codec(*codec))
-    with pa.ipc.new_stream(sink, batch.schema, options=options) as writer:
-        writer.write_batch(batch)
-    data = sink.getvalue()
-    offsets = pa.array([0, data.size], pa.int32()).buffers()[1]
-    value = pa.Array.from_buffers(pa.binary(), 1, [None, offsets, data])  # not copied
-    return pa.RecordBatch.from_arrays([value], ["arrow"])
-
-
-def unpacked(batches):
-    """The record batches inside the packed rows of ``batches`` (see :func:`packed`): the
-    ``DICTIONARY_COLUMNS`` stay dictionary-encoded, each batch with its own dictionaries."""
-    import pyarrow as pa
-
-    for batch in batches:
-        for blob in batch.column(0):
-            yield from pa.ipc.open_stream(blob.as_buffer())
 
 
 class ChangeFilesDataSource(DataSource):
