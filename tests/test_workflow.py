@@ -310,7 +310,7 @@ def test_task_results_travel_with_repeated_values_once_and_land_the_same(tmp_pat
         encoded = [f.name for f in after.schema if pa.types.is_dictionary(f.type)]
         assert sorted(encoded) == sorted(DICTIONARY_COLUMNS)
         assert after.cast(before.schema).equals(before)
-        # what the driver holds until the batch lands: each repeated value once
+        # what the driver decodes when the batch lands: each repeated value once
         assert after.nbytes < before.nbytes / 2
 
     landed = {}
@@ -323,3 +323,35 @@ def test_task_results_travel_with_repeated_values_once_and_land_the_same(tmp_pat
             ).fetchall()
     assert len(landed["plain"]) == sum(b.num_rows for b in plain)
     assert landed["packed"] == landed["plain"]
+
+
+def test_the_driver_holds_a_tasks_results_compressed_with_what_its_plan_needs():
+    """Until a task's results land the driver keeps them as they travelled (``Packed``: the
+    compressed bytes, not decoded batches), with their row and record counts, the task's end
+    marker, and the partition ends and children its plan reads, the same as from the rows."""
+    from spark_backend.spark.packing import ends_and_children, packed, packed_rows, record_rows
+
+    a = _task_results(
+        {"child_token_1": [_heartbeat("2022-05-01T09:10:00Z")],
+         "child_token_2": [_heartbeat("2022-05-01T09:20:00Z"), MERGE_RECORD]},
+        [partition_end("child_token_1", "open", parse_ns("2022-05-01T09:10:00Z"),
+                       read_from=T0, stopped="budget"),
+         partition_end("child_token_2", "finished", T_MERGE, read_from=T0, end=T_MERGE)])
+    batches = _demo_batches() + a
+    outer = [packed(b) for b in batches] + [packed(None, task=3)]
+    pieces = list(packed_rows([pa.RecordBatch.from_struct_array(
+        pa.concat_arrays([b.to_struct_array() for b in outer]))]))  # as Spark hands them over
+
+    assert [p.task for p in pieces] == [None] * len(batches) + [3]
+    assert pieces[-1].data is None and pieces[-1].rows == 0 and not list(pieces[-1].batches())
+    for piece, batch in zip(pieces[:-1], batches, strict=True):
+        assert piece.rows == batch.num_rows and piece.records == record_rows(batch)
+        ends, children = ends_and_children([batch])
+        assert (piece.ends, piece.children) == (ends, children)
+        (back,) = piece.batches()
+        assert back.cast(batch.schema).equals(batch)
+    for piece, batch in zip(pieces[:2], batches[:2], strict=True):  # 2,000 demo records each
+        assert piece.data.size < batch.nbytes / 8  # held compressed: 0.11-0.14 MB of 1.9-2.1
+    ends, children = ends_and_children(a)
+    assert [e[0] for e in ends] == ["child_token_1", "child_token_2"]
+    assert [c[0] for c in children] == ["child_token_4"]

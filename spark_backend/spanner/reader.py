@@ -79,6 +79,7 @@ from spark_backend.spanner.connect import (
     ask_dialect,
     dialect_name,
     is_transient,
+    read_api,
     remember_for,
     validate_dialect,
 )
@@ -380,7 +381,7 @@ class _Session:
     is replaced when a query says so (:meth:`renew`)."""
 
     def __init__(self, database):
-        self.api = database.spanner_api
+        self.api = read_api(database)
         self.database_name = database.name
         self.metadata = [("google-cloud-resource-prefix", database.name)]
         self.key = (id(database), database.name)
