@@ -310,6 +310,34 @@ def test_a_cache_duckdb_refuses_is_named_as_the_caches_and_the_next_pull_resumes
         assert_equals_world(cache, "DemoStream", world, heartbeats=False)
 
 
+def test_a_summary_duckdb_refuses_is_one_sentence_and_the_next_open_rebuilds_it(
+        spark, tmp_path, monkeypatch):
+    """The transaction summary at a pull's end runs out of memory: the pull's records are
+    kept and its end recorded, the pull answers with one sentence naming the cache and
+    $CSI_DUCKDB_MEMORY (no traceback), and the next read-write open builds the summary."""
+    import duckdb
+
+    world = build_world(scale=SMALL)
+    path = tmp_path / "summary.duckdb"
+
+    def starved(self, stream):
+        raise duckdb.OutOfMemoryException(
+            "Out of Memory Error: failed to pin block of size 256.0 KiB (60.8 MiB/61.0 MiB used)")
+
+    with monkeypatch.context() as m:
+        m.setattr(Cache, "summarize_transactions", starved)
+        with Cache(path) as cache:
+            result = run_pull(cache, PullRequest(source="demo", demo_scale=SMALL))
+    assert result.status == "failed"
+    assert result.error.startswith(f"The cache {path} failed while summarizing the pull's "
+                                   "transactions (Out of Memory Error"), result.error
+    assert result.error.endswith("$CSI_DUCKDB_MEMORY (e.g. CSI_DUCKDB_MEMORY=256MB) and pull "
+                                 "again to resume.") and "\n" not in result.error
+    with Cache(path) as cache:
+        assert cache.con.execute("SELECT status FROM pulls").fetchall() == [("complete",)]
+        assert_equals_world(cache, "DemoStream", world, heartbeats=False)
+
+
 def _descendants(world, token):
     out, todo = set(), [token]
     while todo:

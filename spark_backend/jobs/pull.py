@@ -751,8 +751,12 @@ def run_pull(
                                 cache.partition_count(stream), result.records,
                                 "summarizing the transactions"))
         finally:  # a progress callback that raises (a dashboard rerun) still ends the pull
-            cache.finish_pull(pull_id, result.status, error=result.error,
-                              failed_partition=result.failed_partition, waves=result.waves)
+            try:
+                cache.finish_pull(pull_id, result.status, error=result.error,
+                                  failed_partition=result.failed_partition, waves=result.waves)
+            except duckdb.Error as e:  # the summary (the pull's end is recorded before it)
+                result.status = "failed"
+                result.error = _cache_failed(cache, e, "summarizing the pull's transactions")
     result.seconds = time.monotonic() - began
     return result
 
