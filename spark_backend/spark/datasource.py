@@ -161,10 +161,10 @@ def change_stream_frame(spark, options: dict):
 
     The rows travel PACKED: each Spark row (``PACKED_DDL``) holds one compressed Arrow IPC
     stream of up to ``BATCH_ROWS`` record rows, its repeated columns dictionary-encoded, with
-    what the driver's planning needs of them beside it (:func:`packed`); with
+    what the driver's planning needs of them beside it (``packing.packed``); with
     ``task_markers``, a task's last row has no records and names the task (``task``).
-    :func:`packed_rows` gives the driver the rows as :class:`Packed` and :func:`unpacked` the
-    record batches. Spark moves a few opaque values per task instead of converting every
+    ``packing.packed_rows`` gives the driver the rows as ``Packed`` and ``packing.unpacked``
+    the record batches. Spark moves a few opaque values per task instead of converting every
     record from Arrow to its rows and back (in a 100k-record pull the JVM spent ~80 µs of CPU
     per record on that, and a task's results reached the driver ~0.5 s after its last row),
     the task results it holds are the compressed bytes, and so are those the driver holds

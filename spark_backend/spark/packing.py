@@ -39,7 +39,7 @@ def packed(batch, encoded=DICTIONARY_COLUMNS, codec=PACKED_CODEC, *, task: int |
     in it (:func:`ends_and_children`), null when there are none."""
     import pyarrow as pa
 
-    arrow = rows = records = plan = None
+    arrow, rows, records, plan = pa.array([None], pa.binary()), 0, 0, None
     if batch is not None:
         ends, children = ends_and_children([batch])
         plan = json.dumps([ends, children]) if ends or children else None
@@ -55,10 +55,8 @@ def packed(batch, encoded=DICTIONARY_COLUMNS, codec=PACKED_CODEC, *, task: int |
         data = sink.getvalue()
         offsets = pa.array([0, data.size], pa.int32()).buffers()[1]
         arrow = pa.Array.from_buffers(pa.binary(), 1, [None, offsets, data])  # not copied
-    else:
-        arrow = pa.array([None], pa.binary())
     return pa.RecordBatch.from_arrays(
-        [arrow, pa.array([rows or 0], pa.int32()), pa.array([records or 0], pa.int32()),
+        [arrow, pa.array([rows], pa.int32()), pa.array([records], pa.int32()),
          pa.array([task], pa.int32()), pa.array([plan], pa.string())],
         ["arrow", "rows", "records", "task", "plan"])
 
