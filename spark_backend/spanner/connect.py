@@ -239,9 +239,9 @@ def forget(endpoint: str) -> None:
     with _open_lock:
         for key in [k for k in _DATABASES if k[1] == endpoint]:
             _ENDPOINT_OF.pop(id(_DATABASES.pop(key)), None)
-        api = _READ_APIS.pop(endpoint, None)
-        if api is not None:
-            api.transport.close()
+        # Not closed: a read still holding a session of it finishes on it (as on the
+        # Database's own channel); the channel goes with the last of them.
+        _READ_APIS.pop(endpoint, None)
         for key in [k for k in _CLIENTS if k[1] == endpoint]:
             del _CLIENTS[key]
 
