@@ -1,9 +1,9 @@
-"""What a pull's task results take on their way to the driver (``datasource.packed``): a batch
+"""What a pull's task results take on their way to the driver (``packing.packed``): a batch
 of the demo world's data change records as the readers yield it, its Arrow size plain and with
-``DICTIONARY_COLUMNS`` dictionary-encoded (what the driver holds until the batch lands), and
+``DICTIONARY_COLUMNS`` dictionary-encoded (what the driver decodes when the batch lands), and
 its packed size and pack/unpack times with LZ4 (what the project used before) and with the
-project's codec (``PACKED_CODEC``). Times are medians over ``--repeat`` rounds, each round
-measuring every variant in turn.
+project's codec (``PACKED_CODEC``: what the JVM and the driver hold until then). Times are
+medians over ``--repeat`` rounds, each round measuring every variant in turn.
 
     python benchmarks/packed_results.py --rows 8192
 """
