@@ -162,6 +162,17 @@ def _task_results(token_rows: dict[str, list[dict]], ends: list[dict]) -> list:
     return [to_arrow_batch(rows + ends)]
 
 
+def _task_a() -> list:
+    """A task that read 1 (stopped for its budget at 09:10) and 2 (finished: announces the
+    merge)."""
+    return _task_results(
+        {"child_token_1": [_heartbeat("2022-05-01T09:10:00Z")],
+         "child_token_2": [_heartbeat("2022-05-01T09:20:00Z"), MERGE_RECORD]},
+        [partition_end("child_token_1", "open", parse_ns("2022-05-01T09:10:00Z"),
+                       read_from=T0, stopped="budget"),
+         partition_end("child_token_2", "finished", T_MERGE, read_from=T0, end=T_MERGE)])
+
+
 def _arrived(batches: list) -> list:
     """A task's batches as the driver holds them: packed in the task, kept packed."""
     from spark_backend.spark.packing import packed, packed_rows
@@ -181,12 +192,7 @@ def test_the_driver_plans_the_next_task_from_a_tasks_results_as_the_cache_would(
     first = plan.take()
     assert plan.reading == {"child_token_1", "child_token_2", "child_token_3"}
     # Task A read 1 (stopped for its budget at 09:10) and 2 (finished: announces the merge).
-    a = _task_results(
-        {"child_token_1": [_heartbeat("2022-05-01T09:10:00Z")],
-         "child_token_2": [_heartbeat("2022-05-01T09:20:00Z"), MERGE_RECORD]},
-        [partition_end("child_token_1", "open", parse_ns("2022-05-01T09:10:00Z"),
-                       read_from=T0, stopped="budget"),
-         partition_end("child_token_2", "finished", T_MERGE, read_from=T0, end=T_MERGE)])
+    a = _task_a()
     plan.task_ended([p for p in first if p[0] != "child_token_3"], _arrived(a))
     stopped_at = parse_ns("2022-05-01T09:10:00Z") + 1
     assert plan.ready == {"child_token_1": stopped_at}  # not the merge child: 3 still reads
@@ -331,12 +337,7 @@ def test_the_driver_holds_a_tasks_results_compressed_with_what_its_plan_needs():
     marker, and the partition ends and children its plan reads, the same as from the rows."""
     from spark_backend.spark.packing import ends_and_children, packed, packed_rows, record_rows
 
-    a = _task_results(
-        {"child_token_1": [_heartbeat("2022-05-01T09:10:00Z")],
-         "child_token_2": [_heartbeat("2022-05-01T09:20:00Z"), MERGE_RECORD]},
-        [partition_end("child_token_1", "open", parse_ns("2022-05-01T09:10:00Z"),
-                       read_from=T0, stopped="budget"),
-         partition_end("child_token_2", "finished", T_MERGE, read_from=T0, end=T_MERGE)])
+    a = _task_a()
     batches = _demo_batches() + a
     outer = [packed(b) for b in batches] + [packed(None, task=3)]
     pieces = list(packed_rows([pa.RecordBatch.from_struct_array(
