@@ -140,13 +140,15 @@ def _check_cache_path(path: str, must_exist: bool = False) -> None:
         raise BadInput(f"No cache file at {path}; pull or import a stream first.", field="cache")
 
 
-def _open_cache(path: str, must_exist: bool = False, *, landing: bool = False):
-    """``landing``: this process pulls or imports into the cache and queries little."""
+def _open_cache(path: str, must_exist: bool = False, *, landing: str | None = None):
+    """``landing``: this process pulls (``"pull"``) or imports (``"import"``) into the cache
+    and queries little."""
     from spark_backend.cache.store import Cache
 
     _check_cache_path(path, must_exist)
     if landing:
-        return Cache(path, memory_limit=config.PULL_MEMORY_LIMIT, threads=config.PULL_THREADS,
+        limit = config.PULL_MEMORY_LIMIT if landing == "pull" else config.IMPORT_MEMORY_LIMIT
+        return Cache(path, memory_limit=limit, threads=config.PULL_THREADS,
                      allocator=config.PULL_ALLOCATOR)
     return Cache(path, memory_limit=config.DEFAULT_MEMORY_LIMIT)
 
@@ -266,7 +268,7 @@ def cmd_pull(args) -> int:
 
     request = _request(args)
     progress = _Progress()
-    with _open_cache(args.cache, landing=True) as cache:
+    with _open_cache(args.cache, landing="pull") as cache:
         result = run_pull(cache, request, progress)
     progress.done()
     if result.status == "failed":
@@ -303,7 +305,7 @@ def cmd_import(args) -> int:
 
     options = _options(args)
     progress = _Progress()
-    with _open_cache(args.cache, landing=True) as cache:
+    with _open_cache(args.cache, landing="import") as cache:
         result = import_files(cache, args.stream, args.format, args.paths, options, progress,
                               spark_master=args.spark_master,
                               spark_remote=args.spark_remote)

@@ -106,10 +106,12 @@ def test_a_pulling_process_caps_duckdb_lower_and_the_environment_overrides(tmp_p
         return value
 
     monkeypatch.delenv("CSI_DUCKDB_MEMORY", raising=False)
-    assert limit(_open_cache(str(tmp_path / "pull.duckdb"), landing=True)).startswith("122")  # MiB
+    assert limit(_open_cache(str(tmp_path / "pull.duckdb"), landing="pull")).startswith("61.")  # MiB
+    assert limit(_open_cache(str(tmp_path / "import.duckdb"), landing="import")
+                 ).startswith("122")
     assert limit(_open_cache(str(tmp_path / "look.duckdb"))).startswith("953")
     monkeypatch.setenv("CSI_DUCKDB_MEMORY", "2GB")
-    assert limit(_open_cache(str(tmp_path / "big.duckdb"), landing=True)).startswith("1.8")
+    assert limit(_open_cache(str(tmp_path / "big.duckdb"), landing="pull")).startswith("1.8")
 
 
 def test_a_pulling_process_gives_duckdb_fewer_threads_and_the_environment_overrides(
@@ -123,12 +125,12 @@ def test_a_pulling_process_gives_duckdb_fewer_threads_and_the_environment_overri
         return value
 
     monkeypatch.delenv("CSI_DUCKDB_THREADS", raising=False)
-    assert threads(_open_cache(str(tmp_path / "pull.duckdb"), landing=True)) == PULL_THREADS
+    assert threads(_open_cache(str(tmp_path / "pull.duckdb"), landing="pull")) == PULL_THREADS
     assert PULL_THREADS == max(1, (os.cpu_count() or 1) // 4)
     (default,) = duckdb.connect().execute("SELECT current_setting('threads')").fetchone()
     assert threads(_open_cache(str(tmp_path / "look.duckdb"))) == default
     monkeypatch.setenv("CSI_DUCKDB_THREADS", "3")
-    assert threads(_open_cache(str(tmp_path / "three.duckdb"), landing=True)) == 3
+    assert threads(_open_cache(str(tmp_path / "three.duckdb"), landing="pull")) == 3
     for bad in ("many", "0", "-2"):
         monkeypatch.setenv("CSI_DUCKDB_THREADS", bad)
         with pytest.raises(CacheError, match=f"CSI_DUCKDB_THREADS='{bad}' is not a thread "
@@ -148,7 +150,7 @@ def test_a_pulling_process_has_duckdbs_allocator_give_freed_memory_back(tmp_path
         cache.close()
         return row
 
-    assert allocator(_open_cache(str(tmp_path / "pull.duckdb"), landing=True)) == (
+    assert allocator(_open_cache(str(tmp_path / "pull.duckdb"), landing="pull")) == (
         "7.6 MiB", True)
     assert allocator(_open_cache(str(tmp_path / "look.duckdb"))) == ("128.0 MiB", False)
 
@@ -281,6 +283,65 @@ def test_the_transaction_summary_matches_the_records_whether_built_per_landing_o
         == (0,)
     landing.close()
     deferred.close()
+
+
+def _single_record_transactions(tmp_path, memory_limit: str, records: int):
+    """A cache opened with ``memory_limit`` and a pull of ``records`` data records, each a
+    transaction of its own, landed and not summarized yet (the pull's end does that)."""
+    from spark_backend.demo.world import build_world
+    from spark_backend.model.records import batched
+
+    world = build_world(scale=0.05)
+    rows = [from_change_record(r, p.token) for p in world.partitions
+            for r in world.query(p.token, p.start, world.end, 10_000)]
+    rows = [r for r in rows if r["kind"] == "data_change"]
+    copies = []
+    for i in range(records):  # the world's records again, at other times, alone each
+        row = dict(rows[i % len(rows)])
+        row["ts_ns"] += (i // len(rows)) * 10**12
+        row["server_transaction_id"] = f"t{i:08d}"
+        row["record_sequence"] = "00000000"
+        copies.append(row)
+    cache = Cache(tmp_path / "single.duckdb", memory_limit=memory_limit)
+    cache.ensure_stream("s", system="spanner")
+    pull_id = cache.begin_pull("s", "test", None, None, None)
+    ingest_stream(cache, "s", pull_id, (to_arrow_batch(c) for c in batched(copies, 2_000)),
+                  chunk_rows=2_000)
+    return cache, pull_id
+
+
+def test_a_pulls_summary_gets_more_memory_than_its_landings_when_duckdb_refuses_it(
+        tmp_path, monkeypatch):
+    """A pull lands in ``PULL_MEMORY_LIMIT``; its transaction summary needs more when its
+    records are mostly transactions of their own. The pull's end then opens the connection
+    again with ``DEFAULT_MEMORY_LIMIT`` and summarizes; a limit the user set in
+    ``$CSI_DUCKDB_MEMORY`` is a cap: there DuckDB's refusal stands and the mark stays."""
+    from spark_backend.model.config import DEFAULT_MEMORY_LIMIT
+
+    monkeypatch.delenv("CSI_DUCKDB_MEMORY", raising=False)
+    records, small = 60_000, "8MB"
+    cache, pull_id = _single_record_transactions(tmp_path, small, records)
+    with pytest.raises(duckdb.OutOfMemoryException):  # it does not fit where it landed
+        with cache.transaction():
+            cache.summarize_transactions("s")
+    cache.finish_pull(pull_id, "complete")
+    assert cache.memory_limit == DEFAULT_MEMORY_LIMIT
+    assert cache.con.execute("SELECT count(*), sum(records_seen) FROM transactions"
+                             ).fetchone() == (records, records)
+    assert cache.con.execute("SELECT count(*) FROM meta WHERE key LIKE "
+                             "'transactions_unsummarized:%'").fetchone() == (0,)
+    cache.close()
+
+    monkeypatch.setenv("CSI_DUCKDB_MEMORY", small)
+    (tmp_path / "single.duckdb").unlink()
+    cache, pull_id = _single_record_transactions(tmp_path, small, records)
+    with pytest.raises(duckdb.OutOfMemoryException):
+        cache.finish_pull(pull_id, "complete")
+    assert cache.memory_limit == small
+    assert cache.con.execute("SELECT status FROM pulls").fetchone() == ("complete",)
+    assert cache.con.execute("SELECT count(*) FROM meta WHERE key LIKE "
+                             "'transactions_unsummarized:%'").fetchone() == (1,)
+    cache.close()
 
 
 # Made by the previous release (schema 1): `pull --source demo --demo-scale 0.02` at 8ac9fc5.

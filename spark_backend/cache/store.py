@@ -6,6 +6,7 @@ Thread safety: one ``Cache`` per thread (DuckDB connections are not shared acros
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import json
 import os
@@ -47,6 +48,16 @@ def _memory_limit(default: str = DEFAULT_MEMORY_LIMIT) -> str:
     if not re.fullmatch(r"\d+(\.\d+)?\s*(KB|MB|GB|KiB|MiB|GiB)", value, re.IGNORECASE):
         raise CacheError(f"{MEMORY_ENVVAR}={value!r} is not a size; use e.g. 2GB or 512MB.")
     return value
+
+
+_UNITS = {"kb": 1000, "mb": 1000**2, "gb": 1000**3, "kib": 1024, "mib": 1024**2,
+          "gib": 1024**3}
+
+
+def _bytes(size: str) -> float:
+    """A size accepted by ``_memory_limit`` in bytes."""
+    number, unit = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([a-zA-Z]+)", size).groups()
+    return float(number) * _UNITS[unit.lower()]
 
 
 # DuckDB's own guards on every connection to a cache (see ``Cache``).
@@ -279,8 +290,9 @@ class Cache:
         self.path = Path(path)
         self.read_only = read_only
         _check_path(self.path, read_only)
-        self.con = _connect(self.path, read_only, _memory_limit(memory_limit), _threads(threads),
-                            allocator)
+        self.memory_limit = _memory_limit(memory_limit)
+        self._settings = (_threads(threads), allocator)
+        self.con = _connect(self.path, read_only, self.memory_limit, *self._settings)
         try:
             _check_ours(self.con, self.path)
         except BaseException:
@@ -342,9 +354,7 @@ class Cache:
             for (key,) in self.con.execute(
                     "SELECT key FROM meta WHERE starts_with(key, ?)", [_UNSUMMARIZED]).fetchall():
                 try:
-                    with self.transaction():
-                        self.summarize_transactions(key.removeprefix(_UNSUMMARIZED))
-                        self._bump()
+                    self._summarize_in_room(key.removeprefix(_UNSUMMARIZED))
                 except duckdb.OutOfMemoryException:
                     pass  # the mark stays: the next open (or the stream's next pull) retries
 
@@ -489,11 +499,45 @@ class Cache:
         try:
             (stream,) = self.con.execute(
                 "SELECT stream FROM pulls WHERE pull_id = ?", [pull_id]).fetchone()
+            self._summarize_in_room(stream)
+        finally:
+            _ACTIVE_PULLS.get(_key(self.path), set()).discard(pull_id)
+
+    def _summarize_in_room(self, stream: str) -> None:
+        """``summarize_transactions`` in a transaction of its own, in this connection's memory
+        if it fits there.
+
+        A pull's landings run in ``PULL_MEMORY_LIMIT`` (64MB), which a typical 1M-record
+        pull's summary fits once the landings' WAL (kept in memory until a checkpoint) is
+        written out; one whose records are mostly transactions of their own needs more (1M
+        single-record transactions: DuckDB refused 64MB). There the connection is opened
+        again with ``DEFAULT_MEMORY_LIMIT``, unless ``$CSI_DUCKDB_MEMORY`` set the limit: that
+        is the user's cap.
+        """
+        with contextlib.suppress(duckdb.TransactionException):  # another's write in progress
+            self.con.execute("CHECKPOINT")
+        try:
             with self.transaction():
                 self.summarize_transactions(stream)
                 self._bump()
-        finally:
-            _ACTIVE_PULLS.get(_key(self.path), set()).discard(pull_id)
+            return
+        except duckdb.OutOfMemoryException:
+            if not self._may_grow_memory():
+                raise
+        self._reopen(DEFAULT_MEMORY_LIMIT)
+        with self.transaction():
+            self.summarize_transactions(stream)
+            self._bump()
+
+    def _may_grow_memory(self) -> bool:
+        return (MEMORY_ENVVAR not in os.environ
+                and _bytes(self.memory_limit) < _bytes(DEFAULT_MEMORY_LIMIT))
+
+    def _reopen(self, memory_limit: str) -> None:
+        """This cache's connection again, with ``memory_limit`` (its cursors end with it)."""
+        self.con.close()
+        self.memory_limit = memory_limit
+        self.con = _connect(self.path, self.read_only, memory_limit, *self._settings)
 
     def summarize_transactions(self, stream: str) -> None:
         """Bring the ``transactions`` summary up to date with the records that pulls landed

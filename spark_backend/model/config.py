@@ -22,8 +22,13 @@ DEFAULT_MEMORY_LIMIT = "1GB"  # DuckDB's cap for the cache; larger work spills t
 # more landing time; the pull's peak PSS 2,129 -> 1,990 MB (it spills to the cache's temporary
 # folder). 192MB -> 128MB: the 1M-record / 20 ms benchmark (3 pulls each, back to back) 151.0
 # -> 150.0 s, peak PSS 1,419 -> 1,334 MB (driver 563 -> 496); at 100k 1,142 -> 1,127 MB: a
-# 100k pull's landings never filled 192MB, a 1M pull's did. Both give way to $CSI_DUCKDB_MEMORY.
-PULL_MEMORY_LIMIT = "128MB"
+# 100k pull's landings never filled 192MB, a 1M pull's did. 128MB -> 64MB for a pull (an
+# import keeps 128MB: its transaction summary runs inside its own transaction): a 1M-record
+# pull's landings filled 128MB and a 100k one's did not, so the driver's memory grew with the
+# pull; at 64MB both fill it (figures in ``Cache.finish_pull``'s summary, which gets more if
+# DuckDB refuses it 64MB). Both give way to $CSI_DUCKDB_MEMORY (a cap then, never raised).
+PULL_MEMORY_LIMIT = "64MB"
+IMPORT_MEMORY_LIMIT = "128MB"
 THREADS_ENVVAR = "CSI_DUCKDB_THREADS"
 # ... and DuckDB's threads there: the Spark workers read on the machine's cores meanwhile. One
 # thread on 2 cores, replaying a 1M-record pull's landings: 37.0 -> 33.3 s and peak RSS 508 ->
