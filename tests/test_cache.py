@@ -106,8 +106,8 @@ def test_a_pulling_process_caps_duckdb_lower_and_the_environment_overrides(tmp_p
         return value
 
     monkeypatch.delenv("CSI_DUCKDB_MEMORY", raising=False)
-    assert limit(_open_cache(str(tmp_path / "pull.duckdb"), landing="pull")).startswith("61.")  # MiB
-    assert limit(_open_cache(str(tmp_path / "import.duckdb"), landing="import")
+    assert limit(_open_cache(str(tmp_path / "pull.duckdb"), landing="pull")).startswith("61.")
+    assert limit(_open_cache(str(tmp_path / "import.duckdb"), landing="import")  # MiB
                  ).startswith("122")
     assert limit(_open_cache(str(tmp_path / "look.duckdb"))).startswith("953")
     monkeypatch.setenv("CSI_DUCKDB_MEMORY", "2GB")
@@ -302,11 +302,11 @@ def _single_record_transactions(tmp_path, memory_limit: str, records: int):
         row["server_transaction_id"] = f"t{i:08d}"
         row["record_sequence"] = "00000000"
         copies.append(row)
-    cache = Cache(tmp_path / "single.duckdb", memory_limit=memory_limit)
+    cache = Cache(tmp_path / "single.duckdb", memory_limit=memory_limit, threads=1)
     cache.ensure_stream("s", system="spanner")
     pull_id = cache.begin_pull("s", "test", None, None, None)
-    ingest_stream(cache, "s", pull_id, (to_arrow_batch(c) for c in batched(copies, 2_000)),
-                  chunk_rows=2_000)
+    for chunk in batched(copies, 1_000):  # a transaction each, as a pull's tasks land
+        ingest_stream(cache, "s", pull_id, [to_arrow_batch(chunk)])
     return cache, pull_id
 
 
@@ -315,12 +315,14 @@ def test_a_pulls_summary_gets_more_memory_than_its_landings_when_duckdb_refuses_
     """A pull lands in ``PULL_MEMORY_LIMIT``; its transaction summary needs more when its
     records are mostly transactions of their own. The pull's end then opens the connection
     again with ``DEFAULT_MEMORY_LIMIT`` and summarizes; a limit the user set in
-    ``$CSI_DUCKDB_MEMORY`` is a cap: there DuckDB's refusal stands and the mark stays."""
+    ``$CSI_DUCKDB_MEMORY`` is a cap: there DuckDB's refusal stands and the mark stays (the
+    next open without it summarizes, the same way)."""
     from spark_backend.model.config import DEFAULT_MEMORY_LIMIT
 
     monkeypatch.delenv("CSI_DUCKDB_MEMORY", raising=False)
-    records, small = 60_000, "8MB"
+    records, small = 60_000, "32MB"
     cache, pull_id = _single_record_transactions(tmp_path, small, records)
+    cache.con.execute("CHECKPOINT")  # as the pull's end does first
     with pytest.raises(duckdb.OutOfMemoryException):  # it does not fit where it landed
         with cache.transaction():
             cache.summarize_transactions("s")
@@ -341,6 +343,12 @@ def test_a_pulls_summary_gets_more_memory_than_its_landings_when_duckdb_refuses_
     assert cache.con.execute("SELECT status FROM pulls").fetchone() == ("complete",)
     assert cache.con.execute("SELECT count(*) FROM meta WHERE key LIKE "
                              "'transactions_unsummarized:%'").fetchone() == (1,)
+    cache.close()
+    monkeypatch.delenv("CSI_DUCKDB_MEMORY")  # the next open summarizes what is marked
+    cache = Cache(tmp_path / "single.duckdb", memory_limit=small, threads=1)
+    assert cache.memory_limit == DEFAULT_MEMORY_LIMIT
+    assert cache.con.execute("SELECT count(*), sum(records_seen) FROM transactions"
+                             ).fetchone() == (records, records)
     cache.close()
 
 

@@ -24,9 +24,11 @@ DEFAULT_MEMORY_LIMIT = "1GB"  # DuckDB's cap for the cache; larger work spills t
 # -> 150.0 s, peak PSS 1,419 -> 1,334 MB (driver 563 -> 496); at 100k 1,142 -> 1,127 MB: a
 # 100k pull's landings never filled 192MB, a 1M pull's did. 128MB -> 64MB for a pull (an
 # import keeps 128MB: its transaction summary runs inside its own transaction): a 1M-record
-# pull's landings filled 128MB and a 100k one's did not, so the driver's memory grew with the
-# pull; at 64MB both fill it (figures in ``Cache.finish_pull``'s summary, which gets more if
-# DuckDB refuses it 64MB). Both give way to $CSI_DUCKDB_MEMORY (a cap then, never raised).
+# pull's landings filled 128MB and a 100k one's did not; at 64MB, one pull per process against
+# the benchmark's world servers at 20 ms, 1M peak PSS 1,073, 1,070 -> 1,007, 1,006 MB (the
+# driver 361, 353 -> 296, 297), 100k 993 -> 940, 938 (327 -> 275, 271), the same times. The
+# pull's summary gets more when DuckDB refuses it 64MB (``Cache._summarize_in_room``). Both
+# give way to $CSI_DUCKDB_MEMORY (a cap then, never raised).
 PULL_MEMORY_LIMIT = "64MB"
 IMPORT_MEMORY_LIMIT = "128MB"
 THREADS_ENVVAR = "CSI_DUCKDB_THREADS"
