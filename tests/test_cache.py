@@ -209,6 +209,16 @@ def test_the_tools_processes_keep_two_malloc_arenas():
     assert setting == "None" and heaps > 2
 
 
+def _demo_data_change_rows():
+    """A small demo world and its data change records as cache rows."""
+    from spark_backend.demo.world import build_world
+
+    world = build_world(scale=0.05)
+    rows = [from_change_record(r, p.token) for p in world.partitions
+            for r in world.query(p.token, p.start, world.end, 10_000)]
+    return world, [r for r in rows if r["kind"] == "data_change"]
+
+
 def _summary_from_rows(rows: list[dict]) -> list[tuple]:
     """The ``transactions`` rows, computed in Python from the record rows themselves."""
     import datetime as dt
@@ -243,13 +253,9 @@ def test_the_transaction_summary_matches_the_records_whether_built_per_landing_o
     all its landings. Either way the rows equal a summary computed here from the records:
     transactions that span landings (and pulls) counted once, NULLs in no list."""
     from spark_backend.cache import ingest, store
-    from spark_backend.demo.world import build_world
     from spark_backend.model.records import batched
 
-    world = build_world(scale=0.05)
-    rows = [from_change_record(r, p.token) for p in world.partitions
-            for r in world.query(p.token, p.start, world.end, 10_000)]
-    rows = [r for r in rows if r["kind"] == "data_change"]
+    world, rows = _demo_data_change_rows()
     for row in rows[::7]:  # other systems' records can lack a table (lists keep no NULL)
         row["table_name"] = None
     batches = [to_arrow_batch(chunk) for chunk in batched(rows, 100)]
@@ -288,13 +294,9 @@ def test_the_transaction_summary_matches_the_records_whether_built_per_landing_o
 def _single_record_transactions(tmp_path, memory_limit: str, records: int):
     """A cache opened with ``memory_limit`` and a pull of ``records`` data records, each a
     transaction of its own, landed and not summarized yet (the pull's end does that)."""
-    from spark_backend.demo.world import build_world
     from spark_backend.model.records import batched
 
-    world = build_world(scale=0.05)
-    rows = [from_change_record(r, p.token) for p in world.partitions
-            for r in world.query(p.token, p.start, world.end, 10_000)]
-    rows = [r for r in rows if r["kind"] == "data_change"]
+    _, rows = _demo_data_change_rows()
     copies = []
     for i in range(records):  # the world's records again, at other times, alone each
         row = dict(rows[i % len(rows)])

@@ -26,9 +26,11 @@ DEFAULT_MEMORY_LIMIT = "1GB"  # DuckDB's cap for the cache; larger work spills t
 # import keeps 128MB: its transaction summary runs inside its own transaction): a 1M-record
 # pull's landings filled 128MB and a 100k one's did not; at 64MB, one pull per process against
 # the benchmark's world servers at 20 ms, 1M peak PSS 1,073, 1,070 -> 1,007, 1,006 MB (the
-# driver 361, 353 -> 296, 297), 100k 993 -> 940, 938 (327 -> 275, 271), the same times. The
-# pull's summary gets more when DuckDB refuses it 64MB (``Cache._summarize_in_room``). Both
-# give way to $CSI_DUCKDB_MEMORY (a cap then, never raised).
+# driver 361, 353 -> 296, 297), 100k 993 -> 940, 938 (327 -> 275, 271), in the same times;
+# three 1M pulls per process (twice each): peak 1,096 -> 1,040, 1,025 MB, the median of the six
+# pulls 139.8 -> 142.8 s (within the spread of either). The pull's summary gets more when
+# DuckDB refuses it 64MB (``Cache._summarize_in_room``). Both give way to $CSI_DUCKDB_MEMORY
+# (a cap then, never raised).
 PULL_MEMORY_LIMIT = "64MB"
 IMPORT_MEMORY_LIMIT = "128MB"
 THREADS_ENVVAR = "CSI_DUCKDB_THREADS"
