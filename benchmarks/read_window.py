@@ -42,7 +42,7 @@ def _read(host: str, stream: str, start: int, end: int, threads: int, seconds: f
     from spark_backend.spanner import reader
     from spark_backend.spanner.connect import SpannerTarget, open_database
     from spark_backend.spanner.workflow import read_partitions
-    from spark_backend.spark.datasource import BATCH_ROWS
+    from spark_backend.spark.datasource import STREAM_BATCH_ROWS
     from spark_backend.spark.packing import packed
 
     if channel == "library":
@@ -63,7 +63,7 @@ def _read(host: str, stream: str, start: int, end: int, threads: int, seconds: f
     threading.Thread(target=sample, daemon=True).start()
     rows = 0
     for batch in batched(read_partitions(db, "googlesql", stream, roots, end, HEARTBEAT_MS,
-                                         threads=threads, max_seconds=seconds), BATCH_ROWS):
+                                         threads=threads, max_seconds=seconds), STREAM_BATCH_ROWS):
         packed(to_arrow_batch(batch))
         rows += len(batch)
     done.set()

@@ -21,9 +21,18 @@ ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = r"""
 import json, os, sys, tempfile
 sys.path.insert(0, sys.argv[1])
+import spark_backend.jobs.pull as pull
 from spark_backend.cache.store import Cache
 from spark_backend.jobs.pull import PullRequest, run_pull
 from spark_backend.spark.session import spark_session, warm_up
+
+received = []  # the records of each packed row the driver took from Spark
+taken = pull.packed_rows
+def spy(batches):
+    for piece in taken(batches):
+        received.append(piece.rows)
+        yield piece
+pull.packed_rows = spy
 
 warm_up(spark_session())
 with tempfile.TemporaryDirectory() as tmp, Cache(os.path.join(tmp, "c.duckdb")) as cache:
@@ -45,7 +54,7 @@ def children(pid):
 
 spark = spark_session()
 jvm = spark.sparkContext._jvm
-print(json.dumps({"status": result.status, "records": result.records,
+print(json.dumps({"status": result.status, "records": result.records, "packed": received,
                   "processes": children(os.getpid()),
                   "jvm_args": list(jvm.java.lang.management.ManagementFactory.getRuntimeMXBean()
                                    .getInputArguments()),
@@ -80,3 +89,13 @@ def test_the_driver_jvm_compiles_with_c1_and_takes_task_results_directly(seen):
     status message instead of through the block store (above Spark's default 1 MB)."""
     assert "-XX:TieredStopAtLevel=1" in seen["jvm_args"], seen["jvm_args"]
     assert seen["direct_results"] == "16m"
+
+
+def test_a_pulls_tasks_hand_over_their_records_in_packed_rows_of_at_most_2048(seen):
+    """A task holds the records of the batch it fills as Python values until it packs them,
+    so the batch is what a Python worker's memory grows with (README, "Memory of a pull")."""
+    from spark_backend.spark.datasource import STREAM_BATCH_ROWS
+
+    assert STREAM_BATCH_ROWS == 2048
+    rows = seen["packed"]
+    assert sum(rows) >= 28_000 and max(rows) == STREAM_BATCH_ROWS, rows

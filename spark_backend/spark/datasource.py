@@ -21,7 +21,15 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from spark_backend.model.records import SPARK_DDL
 from spark_backend.spark.packing import PACKED_DDL, packed
 
-BATCH_ROWS = 4096
+BATCH_ROWS = 4096  # rows of an imported file per Arrow batch
+# Records of a change stream read per Arrow batch (a packed row of a pull's job, see
+# ``change_stream_frame``): a task holds the rows of the batch it is filling as Python values
+# until it converts and packs them. 4,096 -> 2,048 took the Python workers' peak PSS in a
+# 1M-record pull at 20 ms from 328-336 MB to 313-318 (4 runs each) and at 100k / 2 ms from
+# 313-317 to 306-308 (2 processes of 3 pulls each), the pulls' times unchanged; 1,024 gave
+# nothing more (313). The queue of rows before it was not the cause: 4,096 -> 512 left them
+# at 329-331.
+STREAM_BATCH_ROWS = 2048
 
 
 @dataclass
@@ -145,7 +153,7 @@ class SpannerChangeStreamDataSourceReader(DataSourceReader):
             follow_children=self.follow, max_attempts=self.max_attempts,
             max_rows=self.max_rows, max_seconds=self.max_seconds,
         )
-        for batch in batched(rows, BATCH_ROWS):
+        for batch in batched(rows, STREAM_BATCH_ROWS):
             yield to_arrow_batch(batch)
         if self.task_markers:  # the driver lands a task's rows once it saw all of them
             yield to_arrow_batch([partition_end(None, "task_done", None, task=partition.index)])
@@ -160,8 +168,8 @@ def change_stream_frame(spark, options: dict):
     The options are checked here, on the driver, as the data source checks them.
 
     The rows travel PACKED: each Spark row (``PACKED_DDL``) holds one compressed Arrow IPC
-    stream of up to ``BATCH_ROWS`` record rows, its repeated columns dictionary-encoded, with
-    what the driver's planning needs of them beside it (``packing.packed``); with
+    stream of up to ``STREAM_BATCH_ROWS`` record rows, its repeated columns dictionary-encoded,
+    with what the driver's planning needs of them beside it (``packing.packed``); with
     ``task_markers``, a task's last row has no records and names the task (``task``).
     ``packing.packed_rows`` gives the driver the rows as ``Packed`` and ``packing.unpacked``
     the record batches. Spark moves a few opaque values per task instead of converting every
