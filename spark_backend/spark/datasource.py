@@ -25,10 +25,10 @@ BATCH_ROWS = 4096  # rows of an imported file per Arrow batch
 # Records of a change stream read per Arrow batch (a packed row of a pull's job, see
 # ``change_stream_frame``): a task holds the rows of the batch it is filling as Python values
 # until it converts and packs them. 4,096 -> 2,048 took the Python workers' peak PSS in a
-# 1M-record pull at 20 ms from 328-336 MB to 313-318 (4 runs each) and at 100k / 2 ms from
-# 313-317 to 306-308 (2 processes of 3 pulls each), the pulls' times unchanged; 1,024 gave
-# nothing more (313). The queue of rows before it was not the cause: 4,096 -> 512 left them
-# at 329-331.
+# 1M-record pull at 20 ms from median 331 MB (11 pulls, 319-336) to 313-318 (4 pulls) and at
+# 100k / 2 ms from 313-317 to 306-308 (2 processes of 3 pulls each), the pulls' times
+# unchanged; 1,024 gave nothing more (313). The queue of rows before it was not the cause:
+# 4,096 -> 512 left them at 329-331 (benchmarks/MEMORY.md, stop 36).
 STREAM_BATCH_ROWS = 2048
 
 
