@@ -26,7 +26,7 @@ from spark_backend.cache.store import Cache
 from spark_backend.jobs.pull import PullRequest, run_pull
 from spark_backend.spark.session import spark_session, warm_up
 
-received = []  # the records of each packed row the driver took from Spark
+received = []  # the rows of each packed row the driver took from Spark
 taken = pull.packed_rows
 def spy(batches):
     for piece in taken(batches):
@@ -92,8 +92,8 @@ def test_the_driver_jvm_compiles_with_c1_and_takes_task_results_directly(seen):
 
 
 def test_a_pulls_tasks_hand_over_their_records_in_packed_rows_of_at_most_2048(seen):
-    """A task holds the records of the batch it fills as Python values until it packs them,
-    so the batch is what a Python worker's memory grows with (README, "Memory of a pull")."""
+    """A task holds the rows of the batch it fills as Python values until it packs them, so
+    the batch's size bounds what a Python worker holds of them (README, "Memory of a pull")."""
     from spark_backend.spark.datasource import STREAM_BATCH_ROWS
 
     assert STREAM_BATCH_ROWS == 2048
