@@ -338,6 +338,65 @@ def test_a_summary_duckdb_refuses_is_one_sentence_and_the_next_open_rebuilds_it(
         assert_equals_world(cache, "DemoStream", world, heartbeats=False)
 
 
+def test_a_summary_whose_cache_another_process_takes_meanwhile_is_one_sentence(
+        spark, tmp_path, monkeypatch):
+    """The summary does not fit in the pull's 64MB, and while the cache is closed to open it
+    again with more memory another process takes the file (real DuckDB lock): the pull answers
+    with one sentence naming the cache, the lock and what is kept, instead of raising; the
+    records and the pull's end stay, and the next read-write open builds the summary."""
+    import subprocess
+    import sys
+
+    import duckdb
+
+    from spark_backend.cache import store
+    from spark_backend.model.config import PULL_MEMORY_LIMIT
+
+    monkeypatch.delenv("CSI_DUCKDB_MEMORY", raising=False)
+    world = build_world(scale=SMALL)
+    path = tmp_path / "taken.duckdb"
+    refused = []
+
+    def starved_once(self, stream):  # DuckDB's refusal at 64MB, as 1M single-record txns get
+        if not refused:
+            refused.append(stream)
+            raise duckdb.OutOfMemoryException(
+                "Out of Memory Error: failed to pin block of size 256.0 KiB (60.8/61.0 MiB used)")
+        return summarize(self, stream)
+
+    holder = []
+    connect = store._connect
+
+    def taken_meanwhile(*args, **kwargs):  # the reopen: another process holds the file now
+        holder.append(subprocess.Popen(
+            [sys.executable, "-c", "import duckdb, sys; c = duckdb.connect(sys.argv[1]); "
+             "print('held', flush=True); sys.stdin.read()", str(path)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True))
+        assert holder[0].stdout.readline().strip() == "held"
+        return connect(*args, **kwargs)
+
+    summarize = Cache.summarize_transactions
+    try:
+        with Cache(path, memory_limit=PULL_MEMORY_LIMIT) as cache:
+            monkeypatch.setattr(Cache, "summarize_transactions", starved_once)
+            monkeypatch.setattr(store, "_connect", taken_meanwhile)
+            result = run_pull(cache, PullRequest(source="demo", demo_scale=SMALL))
+            monkeypatch.undo()
+    finally:
+        for proc in holder:
+            proc.communicate("")
+    assert refused == ["DemoStream"] and len(holder) == 1
+    assert result.status == "failed"
+    assert result.error.startswith(f"The cache {path} could not be opened again with 1GB to "
+                                   "summarize the pull's transactions (IO Error: "), result.error
+    assert "lock" in result.error and "\n" not in result.error
+    assert result.error.endswith("the pull's records and its end are kept, and the next "
+                                 "read-write open of the cache summarizes them.")
+    with Cache(path) as cache:
+        assert cache.con.execute("SELECT status FROM pulls").fetchall() == [("complete",)]
+        assert_equals_world(cache, "DemoStream", world, heartbeats=False)
+
+
 def _descendants(world, token):
     out, todo = set(), [token]
     while todo:

@@ -524,7 +524,15 @@ class Cache:
         except duckdb.OutOfMemoryException:
             if not self._may_grow_memory():
                 raise
-        self._reopen(DEFAULT_MEMORY_LIMIT)
+        try:
+            self._reopen(DEFAULT_MEMORY_LIMIT)
+        except CacheError as e:  # e.g. another process took the file while it was closed
+            first = (str(e.__cause__ or e).splitlines() or [""])[0]
+            raise CacheError(
+                f"The cache {self.path} could not be opened again with {DEFAULT_MEMORY_LIMIT} "
+                f"to summarize the pull's transactions ({first}); the pull's records and its "
+                "end are kept, and the next read-write open of the cache summarizes them."
+            ) from e
         with self.transaction():
             self.summarize_transactions(stream)
             self._bump()

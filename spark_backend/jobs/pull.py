@@ -757,6 +757,8 @@ def run_pull(
             except duckdb.Error as e:  # the summary (the pull's end is recorded before it)
                 result.status = "failed"
                 result.error = _cache_failed(cache, e, "summarizing the pull's transactions")
+            except CacheError as e:  # the cache could not be opened again for the summary
+                result.status, result.error = "failed", str(e)
     result.seconds = time.monotonic() - began
     return result
 
