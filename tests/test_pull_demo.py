@@ -388,10 +388,11 @@ def test_a_summary_whose_cache_another_process_takes_meanwhile_is_one_sentence(
     assert refused == ["DemoStream"] and len(holder) == 1
     assert result.status == "failed"
     assert result.error.startswith(f"The cache {path} could not be opened again with 1GB to "
-                                   "summarize the pull's transactions (IO Error: "), result.error
+                                   "summarize the transactions just landed (IO Error: "), (
+        result.error)
     assert "lock" in result.error and "\n" not in result.error
-    assert result.error.endswith("the pull's records and its end are kept, and the next "
-                                 "read-write open of the cache summarizes them.")
+    assert result.error.endswith("the records and the end of the pull or import are kept, and "
+                                 "the next read-write open of the cache summarizes them.")
     with Cache(path) as cache:
         assert cache.con.execute("SELECT status FROM pulls").fetchall() == [("complete",)]
         assert_equals_world(cache, "DemoStream", world, heartbeats=False)

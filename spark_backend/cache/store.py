@@ -530,8 +530,9 @@ class Cache:
             first = (str(e.__cause__ or e).splitlines() or [""])[0]
             raise CacheError(
                 f"The cache {self.path} could not be opened again with {DEFAULT_MEMORY_LIMIT} "
-                f"to summarize the pull's transactions ({first}); the pull's records and its "
-                "end are kept, and the next read-write open of the cache summarizes them."
+                f"to summarize the transactions just landed ({first}); the records and the "
+                "end of the pull or import are kept, and the next read-write open of the cache "
+                "summarizes them."
             ) from e
         with self.transaction():
             self.summarize_transactions(stream)
