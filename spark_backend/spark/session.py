@@ -256,12 +256,17 @@ def _classic_session(master: str):
         # Only the quick compiler (C1, ``TieredStopAtLevel=1``): the JVM moves opaque packed
         # bytes and schedules tasks, its code is not what a pull waits for, and without the
         # optimising compiler it is smaller (JVM PSS, median through a 1M-record pull at
-        # 20 ms: 380 -> 353 MB, two runs each; 100k: 336 -> 325; same pull times).
+        # 20 ms: 380 -> 353 MB, two runs each; 100k: 336 -> 325; same pull times). It compiles
+        # a method after 10x its usual calls (``CompileThresholdScaling=10``): methods called
+        # once per task or job otherwise kept reaching its thresholds, and the compiled code
+        # grew with the work a process had done (thirty 100k pulls in one process: 17 -> 26 MB;
+        # now 7 -> 12, the JVM's peak 383 -> 368 MB; a 1M pull at 20 ms 139.5, 150.6 -> 141.0,
+        # 142.1 s, its peak 1,007, 1,005 -> 995, 996 MB; benchmarks/MEMORY.md, stop 37).
         .set("spark.driver.memory", os.environ.get("CSI_SPARK_DRIVER_MEMORY", "512m"))
         .set("spark.driver.extraJavaOptions", os.environ.get(
             "CSI_SPARK_DRIVER_JAVA_OPTIONS",
             "-XX:+UseSerialGC -Xms32m -Xmn32m -XX:MinHeapFreeRatio=10 -XX:MaxHeapFreeRatio=30 "
-            "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=96m "
+            "-XX:TieredStopAtLevel=1 -XX:CompileThresholdScaling=10 -XX:ReservedCodeCacheSize=96m "
             "-XX:+IgnoreUnrecognizedVMOptions "
             "-XX:+UnlockDiagnosticVMOptions -XX:TrimNativeHeapInterval=1000"))
         .set("spark.executor.memory", "1g")
