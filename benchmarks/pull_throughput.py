@@ -585,7 +585,7 @@ def _targets(rows: list[dict], demo: list[tuple[str, float]]) -> None:
     for latency in sorted({r["latency"] for r in rows}):
         local = sorted((r["records"], r["pss_mb"]) for r in rows
                        if r["latency"] == latency and not r["cluster"])
-        # Each step between sizes (where the growth stops), then the fewest to the most.
+        # Each step between sizes (how the growth slows), then the fewest to the most.
         steps = list(zip(local, local[1:])) if len(local) > 2 else []
         for (n0, m0), (n1, m1) in steps + ([(local[0], local[-1])] if len(local) > 1 else []):
             print(f"  memory from {n0:,} to {n1:,} records at {latency:g} ms ({n1 / n0:.1f}x the "
