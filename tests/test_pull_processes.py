@@ -85,9 +85,11 @@ def test_a_pull_starts_no_data_source_planning_processes(seen):
 
 def test_the_driver_jvm_compiles_with_c1_and_takes_task_results_directly(seen):
     """The memory settings of a pull's JVM (see "Memory of a pull" in the README), as the
-    running JVM reports them: the quick compiler only, and task results up to 16 MB in their
-    status message instead of through the block store (above Spark's default 1 MB)."""
+    running JVM reports them: the quick compiler only, for methods called ten times as often
+    as its thresholds ask, and task results up to 16 MB in their status message instead of
+    through the block store (above Spark's default 1 MB)."""
     assert "-XX:TieredStopAtLevel=1" in seen["jvm_args"], seen["jvm_args"]
+    assert "-XX:CompileThresholdScaling=10" in seen["jvm_args"], seen["jvm_args"]
     assert seen["direct_results"] == "16m"
 
 
