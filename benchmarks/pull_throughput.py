@@ -586,8 +586,10 @@ def _targets(rows: list[dict], demo: list[tuple[str, float]]) -> None:
         local = sorted((r["records"], r["pss_mb"]) for r in rows
                        if r["latency"] == latency and not r["cluster"])
         # Each step between sizes (how the growth slows), then the fewest to the most.
-        steps = list(zip(local, local[1:])) if len(local) > 2 else []
-        for (n0, m0), (n1, m1) in steps + ([(local[0], local[-1])] if len(local) > 1 else []):
+        pairs = list(zip(local, local[1:]))
+        if len(local) > 2:
+            pairs.append((local[0], local[-1]))
+        for (n0, m0), (n1, m1) in pairs:
             print(f"  memory from {n0:,} to {n1:,} records at {latency:g} ms ({n1 / n0:.1f}x the "
                   f"records): {m0:,.0f} -> {m1:,.0f} MB peak PSS ({m1 - m0:+,.0f} MB, "
                   f"{m1 / m0 - 1:+.1%}); flat is the target", flush=True)
