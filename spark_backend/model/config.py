@@ -23,7 +23,7 @@ DEFAULT_MEMORY_LIMIT = "1GB"  # DuckDB's cap for the cache; larger work spills t
 # folder). 192MB -> 128MB: the 1M-record / 20 ms benchmark (3 pulls each, back to back) 151.0
 # -> 150.0 s, peak PSS 1,419 -> 1,334 MB (driver 563 -> 496); at 100k 1,142 -> 1,127 MB: a
 # 100k pull's landings never filled 192MB, a 1M pull's did. 128MB -> 64MB for a pull (an
-# import keeps 128MB: its transaction summary runs inside its own transaction): a 1M-record
+# import keeps 128MB: it lands all of its files in one transaction): a 1M-record
 # pull's landings filled 128MB and a 100k one's did not; at 64MB, one pull per process against
 # the benchmark's world servers at 20 ms, 1M peak PSS 1,073, 1,070 -> 1,007, 1,006 MB (the
 # driver 361, 353 -> 296, 297), 100k 993 -> 940, 938 (327 -> 275, 271), in the same times;
