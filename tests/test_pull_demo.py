@@ -168,12 +168,34 @@ def test_first_slice_read_here_then_spark_equals_ground_truth(spark, tmp_path):
     first = run_pull(cache, PullRequest(source="demo", demo_scale=SMALL, end=first_end,
                                         reader="here"))
     assert first.status == "complete", first.error
-    assert spark.sparkContext.statusTracker().getJobIdsForGroup() == jobs_before
+    assert not set(spark.sparkContext.statusTracker().getJobIdsForGroup()) - set(jobs_before)
     assert cached_records(cache, "DemoStream") == truth_records(world, first_end)
     rest = run_pull(cache, PullRequest(source="demo", demo_scale=SMALL))
     assert rest.status == "complete", rest.error
     assert_equals_world(cache, "DemoStream", world, heartbeats=False)
     cache.close()
+
+
+def test_spark_keeps_its_record_of_at_most_100_finished_jobs(spark):
+    """A long-lived process runs job after job (the dashboard pulls on every refresh): Spark
+    keeps what it tracks of at most 100 finished jobs, not its default 1,000 (~23 KB of the
+    JVM's heap each, benchmarks/MEMORY.md, stop 38)."""
+    import time
+
+    sc = spark.sparkContext
+    sc.setJobGroup("retention-test", "jobs of this test")
+    try:
+        for _ in range(130):
+            sc.parallelize([1], 1).count()
+    finally:
+        sc.setLocalProperty("spark.jobGroup.id", None)
+        sc.setLocalProperty("spark.job.description", None)
+    tracker = sc.statusTracker()
+    deadline = time.monotonic() + 60  # Spark removes the oldest on a thread of its own
+    while len(tracker.getJobIdsForGroup("retention-test")) > 100 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    kept = tracker.getJobIdsForGroup("retention-test")
+    assert 0 < len(kept) <= 100, len(kept)
 
 
 def test_a_progress_callback_that_raises_at_the_end_still_ends_the_pull(tmp_path):

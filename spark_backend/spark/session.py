@@ -277,6 +277,16 @@ def _classic_session(master: str):
         # 100 threads each, idle ones kept a minute) still fill in a 1M-record pull with it:
         # their work there is the clean-up of each job's broadcast (Spark's debug log).
         .set("spark.task.maxDirectResultSize", "16m")
+        # What Spark keeps of finished jobs, stages and SQL executions for its UI and status
+        # tracker (kept with the UI off too), by default 1,000 of each: a long-lived process
+        # (the dashboard, whose live views pull every few seconds) grew its JVM's live heap
+        # with every job until then. 250 demo pulls (~750 jobs) in one process: live heap
+        # 59.9 -> 64.4 MB from about the 100th pull to the 161st (~23 KB per job kept); with 100:
+        # 56.4, 60.0, 60.3 MB at the 130th, 161st and 245th, the heap at the end 98 MB
+        # instead of 107 (stop 38, benchmarks/MEMORY.md). A pull looks at none of it.
+        .set("spark.ui.retainedJobs", "100")
+        .set("spark.ui.retainedStages", "100")
+        .set("spark.sql.ui.retainedExecutions", "100")
     )
     for name in config.ALLOCATOR_ENV:  # a cluster's executors do not inherit the driver's env
         if name in os.environ:
