@@ -121,6 +121,43 @@ def tree_pss_by_kind(pid: int) -> dict[str, int]:
     return kinds
 
 
+def _cpu_seconds(pid: int) -> tuple[float, float]:
+    """(its own CPU seconds, those of the children it reaped) of a process, from /proc."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0, 0.0
+    tick = os.sysconf("SC_CLK_TCK")
+    return ((int(fields[11]) + int(fields[12])) / tick,
+            (int(fields[13]) + int(fields[14])) / tick)
+
+
+def tree_cpu_by_kind(pid: int) -> dict[str, float]:
+    """CPU seconds so far of a process and its descendants, by the kinds of
+    ``tree_pss_by_kind``; the Python workers that Spark's daemon forked and reaped count as
+    workers (their CPU is the daemon's children's). Two samples around a pull give its CPU."""
+    children, _ = _proc_table()
+    kinds: dict[str, float] = {}
+    todo = [(pid, None)]
+    while todo:
+        p, parent_kind = todo.pop()
+        if p == pid:
+            kind = "driver"
+        elif parent_kind in ("daemon", "python worker"):
+            kind = "python worker"
+        else:
+            cmd = _cmdline(p)
+            kind = ("JVM" if "java" in cmd.split(" ", 1)[0] else
+                    "daemon" if "pyspark.daemon" in cmd else "other")
+        own, reaped = _cpu_seconds(p)
+        kinds[kind] = kinds.get(kind, 0.0) + own
+        if kind == "daemon":
+            kinds["python worker"] = kinds.get("python worker", 0.0) + reaped
+        todo.extend((c, kind) for c in children.get(p, []))
+    return kinds
+
+
 class PeakMemory:
     """Peak RSS sum and peak PSS of a process tree, sampled every 0.2 s."""
 
@@ -403,13 +440,17 @@ def run_project(host: str | None, dialect: str, stream: str, start: int, end: in
                                       end=end, spark_master=master, heartbeat_ms=HEARTBEAT_MS)
             else:
                 request = PullRequest(source="demo", dialect=dialect, spark_master=master)
+            cpu0 = tree_cpu_by_kind(os.getpid())
             began = time.monotonic()
             result = run_pull(cache, request, progress=mem and mem.mark)
             seconds = time.monotonic() - began
+            cpu1 = tree_cpu_by_kind(os.getpid())
             if result.status != "complete":
                 raise SystemExit(f"pull failed: {result.error}")
             runs.append({"rows": result.records, "seconds": seconds, "waves": result.waves,
-                         "partitions": result.partitions_read})
+                         "partitions": result.partitions_read,
+                         "cpu_s": {k: round(v - cpu0.get(k, 0.0), 2) for k, v in cpu1.items()
+                                   if v - cpu0.get(k, 0.0) > 0}})
     return {"runs": runs}
 
 
@@ -554,6 +595,8 @@ def _one_row(args, target: int, latency: float, cluster_url: str | None) -> list
             print(f"{'':>9}   runs {[round(r['seconds'], 1) for r in runs]} s; server busy "
                   f"{base_server:.0%} of a core under the baseline; PSS at the peak (MB): "
                   f"{kinds}", flush=True)
+            if not master:  # on the cluster the executors are outside the measured tree
+                print(f"{'':>9}   {_cpu_line(runs)}", flush=True)
             rows.append({"records": runs[0]["rows"], "latency": latency, "spark": name,
                          "ratio": p_rate / b_rate, "of_bound": bound / secs,
                          "pss_mb": mine.get("peak_pss_mb", 0), "cluster": bool(master)})
@@ -561,6 +604,17 @@ def _one_row(args, target: int, latency: float, cluster_url: str | None) -> list
         proc.stdin.close()
         proc.wait(timeout=60)
     return rows
+
+
+def _cpu_line(runs: list[dict]) -> str:
+    """The median pull's CPU by process kind, in cores (CPU seconds over its seconds) and in
+    microseconds per record: what the pull asks of the machine's cores."""
+    run = sorted(runs, key=lambda r: r["seconds"])[len(runs) // 2]
+    cpu = run.get("cpu_s", {})
+    total = sum(cpu.values())
+    parts = ", ".join(f"{k} {v / run['seconds']:.2f}" for k, v in sorted(cpu.items()))
+    return (f"CPU of the median pull: {total / run['seconds']:.2f} cores ({parts}) of "
+            f"{os.cpu_count()}, {total / max(run['rows'], 1) * 1e6:.0f} us per record")
 
 
 def _targets(rows: list[dict], demo: list[tuple[str, float]]) -> None:
