@@ -36,6 +36,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -44,9 +45,11 @@ RECORDS_PER_SCALE = 28_000  # rows (data change + heartbeats + child partitions)
 HEARTBEAT_MS = 10_000
 
 
-def _proc_table() -> tuple[dict[int, list[int]], dict[int, tuple[int, float]]]:
+def _proc_table() -> tuple[dict[int, list[int]], dict[int, tuple[int, float, float]]]:
+    """Every process's children, and its (RSS kB, own CPU seconds, CPU seconds of the
+    children it reaped), from /proc."""
     children: dict[int, list[int]] = {}
-    info: dict[int, tuple[int, float]] = {}
+    info: dict[int, tuple[int, float, float]] = {}
     tick = os.sysconf("SC_CLK_TCK")
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -61,7 +64,8 @@ def _proc_table() -> tuple[dict[int, list[int]], dict[int, tuple[int, float]]]:
                         rss = int(line.split()[1])
                         break
             children.setdefault(int(fields[1]), []).append(int(entry))
-            info[int(entry)] = (rss, (int(fields[11]) + int(fields[12])) / tick)
+            info[int(entry)] = (rss, (int(fields[11]) + int(fields[12])) / tick,
+                                (int(fields[13]) + int(fields[14])) / tick)
         except (OSError, IndexError, ValueError):
             continue
     return children, info
@@ -74,7 +78,7 @@ def tree_usage(pid: int) -> tuple[int, float]:
     todo = [pid]
     while todo:
         p = todo.pop()
-        r, c = info.get(p, (0, 0.0))
+        r, c, _ = info.get(p, (0, 0.0, 0.0))
         rss, cpu = rss + r, cpu + c
         todo.extend(children.get(p, []))
     return rss, cpu
@@ -99,12 +103,9 @@ def _cmdline(pid: int) -> str:
         return ""
 
 
-def tree_pss_by_kind(pid: int) -> dict[str, int]:
-    """Proportional set size (kB) of a process and its descendants (shared pages of forked
-    Python workers and libraries counted once in all, unlike a sum of RSS), by kind: the
-    pulling process (driver), the JVM, Spark's Python daemons and the Python workers they fork."""
-    children, _ = _proc_table()
-    kinds: dict[str, int] = {}
+def _tree_kinds(pid: int, children: dict[int, list[int]]) -> Iterator[tuple[int, str]]:
+    """Each process of the tree under ``pid`` with its kind: the pulling process (driver), the
+    JVM, Spark's Python daemons and the Python workers they fork, or other."""
     todo = [(pid, None)]
     while todo:
         p, parent_kind = todo.pop()
@@ -116,45 +117,32 @@ def tree_pss_by_kind(pid: int) -> dict[str, int]:
             cmd = _cmdline(p)
             kind = ("JVM" if "java" in cmd.split(" ", 1)[0] else
                     "daemon" if "pyspark.daemon" in cmd else "other")
-        kinds[kind] = kinds.get(kind, 0) + _pss_kb(p)
+        yield p, kind
         todo.extend((c, kind) for c in children.get(p, []))
+
+
+def tree_pss_by_kind(pid: int) -> dict[str, int]:
+    """Proportional set size (kB) of a process and its descendants (shared pages of forked
+    Python workers and libraries counted once in all, unlike a sum of RSS), by kind
+    (``_tree_kinds``)."""
+    children, _ = _proc_table()
+    kinds: dict[str, int] = {}
+    for p, kind in _tree_kinds(pid, children):
+        kinds[kind] = kinds.get(kind, 0) + _pss_kb(p)
     return kinds
 
 
-def _cpu_seconds(pid: int) -> tuple[float, float]:
-    """(its own CPU seconds, those of the children it reaped) of a process, from /proc."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0, 0.0
-    tick = os.sysconf("SC_CLK_TCK")
-    return ((int(fields[11]) + int(fields[12])) / tick,
-            (int(fields[13]) + int(fields[14])) / tick)
-
-
 def tree_cpu_by_kind(pid: int) -> dict[str, float]:
-    """CPU seconds so far of a process and its descendants, by the kinds of
-    ``tree_pss_by_kind``; the Python workers that Spark's daemon forked and reaped count as
-    workers (their CPU is the daemon's children's). Two samples around a pull give its CPU."""
-    children, _ = _proc_table()
+    """CPU seconds so far of a process and its descendants, by kind (``_tree_kinds``); the
+    Python workers that Spark's daemon forked and reaped count as workers (their CPU is the
+    daemon's children's). Two samples around a pull give its CPU."""
+    children, info = _proc_table()
     kinds: dict[str, float] = {}
-    todo = [(pid, None)]
-    while todo:
-        p, parent_kind = todo.pop()
-        if p == pid:
-            kind = "driver"
-        elif parent_kind in ("daemon", "python worker"):
-            kind = "python worker"
-        else:
-            cmd = _cmdline(p)
-            kind = ("JVM" if "java" in cmd.split(" ", 1)[0] else
-                    "daemon" if "pyspark.daemon" in cmd else "other")
-        own, reaped = _cpu_seconds(p)
+    for p, kind in _tree_kinds(pid, children):
+        _, own, reaped = info.get(p, (0, 0.0, 0.0))
         kinds[kind] = kinds.get(kind, 0.0) + own
         if kind == "daemon":
             kinds["python worker"] = kinds.get("python worker", 0.0) + reaped
-        todo.extend((c, kind) for c in children.get(p, []))
     return kinds
 
 
@@ -168,6 +156,7 @@ class PeakMemory:
         self.peak_kb = 0
         self.peak_pss_kb = 0
         self.peak_kinds: dict[str, int] = {}
+        self.own_cpu = 0.0  # CPU seconds of this sampler's thread (it runs in the driver)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -189,6 +178,7 @@ class PeakMemory:
             if self.trace:
                 self.trace.write(json.dumps({"s": round(time.monotonic() - self.began, 1),
                                              **{k: v // 1024 for k, v in kinds.items()}}) + "\n")
+            self.own_cpu = time.thread_time()
             self._stop.wait(0.2)
 
     def __enter__(self):
@@ -440,18 +430,27 @@ def run_project(host: str | None, dialect: str, stream: str, start: int, end: in
                                       end=end, spark_master=master, heartbeat_ms=HEARTBEAT_MS)
             else:
                 request = PullRequest(source="demo", dialect=dialect, spark_master=master)
-            cpu0 = tree_cpu_by_kind(os.getpid())
+            cpu0, sampler0 = tree_cpu_by_kind(os.getpid()), mem.own_cpu if mem else 0.0
             began = time.monotonic()
             result = run_pull(cache, request, progress=mem and mem.mark)
             seconds = time.monotonic() - began
-            cpu1 = tree_cpu_by_kind(os.getpid())
+            cpu1, sampler1 = tree_cpu_by_kind(os.getpid()), mem.own_cpu if mem else 0.0
             if result.status != "complete":
                 raise SystemExit(f"pull failed: {result.error}")
             runs.append({"rows": result.records, "seconds": seconds, "waves": result.waves,
                          "partitions": result.partitions_read,
-                         "cpu_s": {k: round(v - cpu0.get(k, 0.0), 2) for k, v in cpu1.items()
-                                   if v - cpu0.get(k, 0.0) > 0}})
+                         "cpu_s": _cpu_spent(cpu0, cpu1, sampler1 - sampler0)})
     return {"runs": runs}
+
+
+def _cpu_spent(before: dict[str, float], after: dict[str, float],
+               sampler: float) -> dict[str, float]:
+    """CPU seconds by kind between two ``tree_cpu_by_kind`` samples; the memory sampler's
+    (``sampler``, spent in the driver's process) apart from the driver's."""
+    spent = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in {*before, *after}}
+    spent["driver"] = spent.get("driver", 0.0) - sampler
+    spent["memory sampler"] = sampler
+    return {k: round(v, 2) for k, v in spent.items() if abs(v) >= 0.005}
 
 
 def _side(args) -> None:
@@ -609,7 +608,7 @@ def _one_row(args, target: int, latency: float, cluster_url: str | None) -> list
 def _cpu_line(runs: list[dict]) -> str:
     """The median pull's CPU by process kind, in cores (CPU seconds over its seconds) and in
     microseconds per record: what the pull asks of the machine's cores."""
-    run = sorted(runs, key=lambda r: r["seconds"])[len(runs) // 2]
+    run = sorted(runs, key=lambda r: r["seconds"])[(len(runs) - 1) // 2]  # median_low
     cpu = run.get("cpu_s", {})
     total = sum(cpu.values())
     parts = ", ".join(f"{k} {v / run['seconds']:.2f}" for k, v in sorted(cpu.items()))

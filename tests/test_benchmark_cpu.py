@@ -1,13 +1,14 @@
 """The pull benchmark's CPU accounting (``benchmarks/pull_throughput.py``): what it prints as a
-pull's cores per process kind must be the CPU the processes really used."""
+pull's CPU per process kind must be the CPU the processes really used."""
 
 import importlib.util
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+BURN = ("end = time.process_time() + 0.6\n"
+        "while time.process_time() < end: pass\n")
 
 
 def _bench():
@@ -18,24 +19,51 @@ def _bench():
     return module
 
 
-def test_cpu_of_a_child_is_counted_by_its_kind():
-    bench = _bench()
-    busy = subprocess.Popen([sys.executable, "-c",
-                             "import sys, time\ninput()\n"
-                             "end = time.process_time() + 0.6\n"
-                             "while time.process_time() < end: pass\n"
-                             "print('done', flush=True)\ninput()"],
+def _measured(bench, code: str) -> tuple[dict, dict]:
+    """CPU by kind of a process tree running ``code`` (which prints "ready", waits for a line,
+    does its work, prints "done" and waits for a line), before and after its work."""
+    root = subprocess.Popen([sys.executable, "-c", code, "pyspark.daemon"],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
-        before = bench.tree_cpu_by_kind(os.getpid())
-        busy.stdin.write("\n")
-        busy.stdin.flush()
-        assert busy.stdout.readline().strip() == "done"  # it burnt 0.6 s of CPU
-        after = bench.tree_cpu_by_kind(os.getpid())
+        assert root.stdout.readline().strip() == "ready"
+        before = bench.tree_cpu_by_kind(root.pid)
+        root.stdin.write("\n")
+        root.stdin.flush()
+        assert root.stdout.readline().strip() == "done"
+        after = bench.tree_cpu_by_kind(root.pid)
     finally:
-        busy.communicate("\n", timeout=30)
-    spent = after.get("other", 0.0) - before.get("other", 0.0)
-    assert 0.55 <= spent <= 1.0, (before, after)
+        root.communicate("\n", timeout=60)
+    return before, after
+
+
+def test_cpu_of_the_measured_process_itself():
+    bench = _bench()
+    before, after = _measured(bench, "import time\nprint('ready', flush=True)\ninput()\n"
+                              + BURN + "print('done', flush=True)\ninput()\n")
+    assert 0.55 <= after["driver"] - before["driver"] <= 1.0, (before, after)
+
+
+def test_workers_a_spark_daemon_forked_and_reaped_count_as_workers():
+    # The root starts a "daemon" (its command line names pyspark.daemon), which forks a
+    # worker that burns 0.6 s of CPU and exits: its CPU is then only the daemon's children's.
+    daemon = ("import os, time\nprint('ready', flush=True)\ninput()\n"
+              "pid = os.fork()\n"
+              "if pid == 0:\n" + "".join("    " + line + "\n" for line in BURN.splitlines())
+              + "    os._exit(0)\n"
+              "os.waitpid(pid, 0)\nprint('done', flush=True)\ninput()\n")
+    root = (f"import subprocess, sys\nsubprocess.run([sys.executable, '-c', {daemon!r}, "
+            "'pyspark.daemon'])\n")
+    before, after = _measured(_bench(), root)
+    worker = after.get("python worker", 0.0) - before.get("python worker", 0.0)
+    assert 0.55 <= worker <= 1.0, (before, after)
+    assert after["daemon"] - before["daemon"] < 0.2, (before, after)
+
+
+def test_the_memory_sampler_is_counted_apart_from_the_driver():
+    bench = _bench()
+    spent = bench._cpu_spent({"driver": 10.0, "JVM": 5.0},
+                             {"driver": 14.0, "JVM": 6.0, "python worker": 3.0}, sampler=0.5)
+    assert spent == {"driver": 3.5, "memory sampler": 0.5, "JVM": 1.0, "python worker": 3.0}
 
 
 def test_cpu_line_gives_cores_and_microseconds_per_record():
