@@ -71,9 +71,10 @@ def _proc_table() -> tuple[dict[int, list[int]], dict[int, tuple[int, float, flo
     return children, info
 
 
-def tree_usage(pid: int) -> tuple[int, float]:
-    """(RSS in kB, CPU seconds) of a process and all its descendants, from /proc."""
-    children, info = _proc_table()
+def tree_usage(pid: int, table=None) -> tuple[int, float]:
+    """(RSS in kB, CPU seconds) of a process and all its descendants, from /proc (or from
+    ``table``, a ``_proc_table()`` already read)."""
+    children, info = table or _proc_table()
     rss = cpu = 0
     todo = [pid]
     while todo:
@@ -121,11 +122,11 @@ def _tree_kinds(pid: int, children: dict[int, list[int]]) -> Iterator[tuple[int,
         todo.extend((c, kind) for c in children.get(p, []))
 
 
-def tree_pss_by_kind(pid: int) -> dict[str, int]:
+def tree_pss_by_kind(pid: int, table=None) -> dict[str, int]:
     """Proportional set size (kB) of a process and its descendants (shared pages of forked
     Python workers and libraries counted once in all, unlike a sum of RSS), by kind
-    (``_tree_kinds``)."""
-    children, _ = _proc_table()
+    (``_tree_kinds``); ``table`` as for ``tree_usage``."""
+    children, _ = table or _proc_table()
     kinds: dict[str, int] = {}
     for p, kind in _tree_kinds(pid, children):
         kinds[kind] = kinds.get(kind, 0) + _pss_kb(p)
@@ -170,8 +171,9 @@ class PeakMemory:
 
     def _run(self):
         while not self._stop.is_set():
-            self.peak_kb = max(self.peak_kb, tree_usage(self.pid)[0])
-            kinds = tree_pss_by_kind(self.pid)
+            table = _proc_table()  # one walk of /proc per sample serves both
+            self.peak_kb = max(self.peak_kb, tree_usage(self.pid, table)[0])
+            kinds = tree_pss_by_kind(self.pid, table)
             total = sum(kinds.values())
             if total > self.peak_pss_kb:
                 self.peak_pss_kb, self.peak_kinds = total, kinds
