@@ -251,6 +251,8 @@ def rebuild_transactions(con: duckdb.DuckDBPyConnection, stream: str, touched: s
         "DELETE FROM transactions WHERE stream = ? AND server_transaction_id IN "
         f"(SELECT id FROM {touched})", [stream])
     slices = max(1, -(-int(records) // _SUMMARY_SLICE_RECORDS))
+    # The slice's filter takes its numbers as UBIGINT, the type of ``hash``: bound as plain
+    # integers DuckDB evaluated it ~25x slower (a 1M-record pull's summary: 8.4 s -> 4.3 s).
     for i in range(slices):
         con.execute(
             f"""INSERT INTO transactions
@@ -263,7 +265,7 @@ def rebuild_transactions(con: duckdb.DuckDBPyConnection, stream: str, touched: s
                    any_value(transaction_tag), sum(coalesce(mod_count, 0))
             FROM data_change_records
             WHERE stream = $stream AND server_transaction_id IN
-                  (SELECT id FROM {touched} WHERE hash(id) % $slices = $i)
+                  (SELECT id FROM {touched} WHERE hash(id) % $slices::UBIGINT = $i::UBIGINT)
             GROUP BY stream, server_transaction_id""",
             {"stream": stream, "slices": slices, "i": i})
 
