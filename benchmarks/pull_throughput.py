@@ -220,7 +220,7 @@ def _bench_server(world, dialect: str, latency_ms: float):
     stream). Encoding them again would cost the server more CPU than the pull it measures."""
     import bisect
 
-    from spark_backend.demo.server import PRS, DemoServer
+    from spark_backend.demo.server import PRS, DemoServer, _Pace
 
     class BenchServer(DemoServer):
         def __init__(self, *args, **kwargs):
@@ -266,7 +266,7 @@ def _bench_server(world, dialect: str, latency_ms: float):
             return super().ExecuteStreamingSql(request, context)
 
         def _continued(self, responses, first: int, context):
-            delay = self.latency_ms / 1000.0
+            pace = _Pace(self.latency_ms / 1000.0)
             self._count("queries")
             for i in range(first, len(responses)):
                 prs, n_rows = responses[i]
@@ -275,7 +275,7 @@ def _bench_server(world, dialect: str, latency_ms: float):
                     head.CopyFrom(prs)
                     head.metadata.row_type.CopyFrom(self._row_type)
                     prs = head
-                if not self._paced(delay, n_rows, context):
+                if not self._paced(pace, n_rows, context):
                     return
                 yield prs
 

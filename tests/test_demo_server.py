@@ -251,3 +251,31 @@ def test_server_stops_cleanly(world):
     host, port = addr.split(":")
     with pytest.raises(ConnectionRefusedError):
         socket.create_connection((host, int(port)), timeout=2).close()
+
+
+def test_the_pace_counts_from_when_the_last_response_was_due(monkeypatch):
+    """``latency_ms`` paces a query's responses one each ``latency_ms``: the server's own
+    work per response (and the sleep's overshoot) comes out of the next wait instead of
+    adding up over a long partition; after a reader fell behind, one response goes at once
+    and the pace counts from there, never faster."""
+    from spark_backend.demo import server
+
+    clock = [100.0]
+    sent = []
+    monkeypatch.setattr(server.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(server.time, "sleep", lambda s: clock.__setitem__(0, clock[0] + s))
+    pace = server._Pace(0.020)
+    for work in (0.001, 0.003, 0.0, 0.002):  # each response's sending takes a while
+        pace.wait()
+        sent.append(round(clock[0] - 100.0, 6))
+        clock[0] += work
+    assert sent == [0.02, 0.04, 0.06, 0.08]  # not 0.02, 0.041, 0.064, ...
+    clock[0] += 0.5  # the reader fell behind (flow control held the sends)
+    back = clock[0]
+    after = []
+    for _ in range(3):
+        pace.wait()
+        after.append(round(clock[0] - back, 6))
+    assert after == [0.0, 0.02, 0.04]  # one at once, then one each 20 ms again
+    server._Pace(0.0).wait()  # no latency: no wait
+    assert round(clock[0] - back, 6) == 0.04
