@@ -253,7 +253,7 @@ def test_server_stops_cleanly(world):
         socket.create_connection((host, int(port)), timeout=2).close()
 
 
-def test_the_pace_counts_from_when_the_last_response_was_due(monkeypatch):
+def test_the_pace_counts_from_when_the_last_response_was_due():
     """``latency_ms`` paces a query's responses one each ``latency_ms``: the server's own
     work per response (and the sleep's overshoot) comes out of the next wait instead of
     adding up over a long partition; after a reader fell behind, one response goes at once
@@ -262,9 +262,12 @@ def test_the_pace_counts_from_when_the_last_response_was_due(monkeypatch):
 
     clock = [100.0]
     sent = []
-    monkeypatch.setattr(server.time, "monotonic", lambda: clock[0])
-    monkeypatch.setattr(server.time, "sleep", lambda s: clock.__setitem__(0, clock[0] + s))
-    pace = server._Pace(0.020)
+
+    def sleep(seconds):
+        assert seconds > 0
+        clock[0] += seconds
+
+    pace = server._Pace(0.020, clock=lambda: clock[0], sleep=sleep)
     for work in (0.001, 0.003, 0.0, 0.002):  # each response's sending takes a while
         pace.wait()
         sent.append(round(clock[0] - 100.0, 6))
@@ -277,5 +280,5 @@ def test_the_pace_counts_from_when_the_last_response_was_due(monkeypatch):
         pace.wait()
         after.append(round(clock[0] - back, 6))
     assert after == [0.0, 0.02, 0.04]  # one at once, then one each 20 ms again
-    server._Pace(0.0).wait()  # no latency: no wait
+    server._Pace(0.0, clock=lambda: clock[0], sleep=sleep).wait()  # no latency: no wait
     assert round(clock[0] - back, 6) == 0.04
