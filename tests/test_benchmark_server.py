@@ -1,0 +1,66 @@
+"""The pull benchmark's server (``benchmarks/pull_throughput.py``): a query that continues a
+partition at a later start, as a pull's next task does after a task's budget, sends what
+Spanner would send, every record from the start on and nothing before it, wherever the start
+falls among records chunked over many responses."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from spark_backend.demo.world import build_world
+from spark_backend.spanner.connect import SpannerTarget, open_database
+from spark_backend.spanner.reader import _params, query_text, read_partition_rows
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location(
+        "pull_throughput", ROOT / "benchmarks" / "pull_throughput.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("dialect", ["googlesql", "postgresql"])
+def test_a_continued_partition_gets_its_records_from_the_start_and_none_before(dialect):
+    bench = _bench()
+    world = build_world(seed=7)
+    server = bench._bench_server(world, dialect, 0.0)
+    sql = query_text(dialect, world.stream)
+    # The partition whose records are chunked in the longest run of responses without a row
+    # beginning at their start (the old server went back to the start of such a run).
+    runs = {}
+    for p in world.partitions:
+        params, _ = _params(dialect, p.token, p.start, world.end, bench.HEARTBEAT_MS)
+        rows = list(world.query(p.token, p.start, world.end, bench.HEARTBEAT_MS))
+        server.encode_ahead(p.token, p.start, rows, bench._query_key(sql, params))
+        _, begins_in, begins_at, _ = server.ahead[p.token]
+        runs[p.token] = max(b - a for a, b in zip(begins_in, begins_in[1:]))
+    token = max(runs, key=runs.get)
+    assert runs[token] >= 5  # a row begins 5 responses or more after the one before it
+    times, begins_in, begins_at, responses = server.ahead[token]
+    # Starts at rows in the middle of a response, right after a chunked run, and elsewhere.
+    picks = sorted({r for r in range(1, len(times)) if begins_at[r] > 0
+                    and responses[begins_in[r] - 1][0].chunked_value}
+                   | set(range(1, len(times), max(1, len(times) // 15))))
+    picks = [r for r in picks if times[r] > times[r - 1]]  # a start is a timestamp
+    assert len(picks) >= 10
+    with server:
+        db = open_database(SpannerTarget("p", "i", "d", dialect, host=server.address))
+        p = next(p for p in world.partitions if p.token == token)
+        list(read_partition_rows(db, dialect, world.stream, token, p.start, world.end,
+                                 bench.HEARTBEAT_MS))  # the whole read: learns the mode
+        for r in picks:
+            start = times[r]
+            sent = server.counters["rows"]
+            got = [row for row in read_partition_rows(db, dialect, world.stream, token, start,
+                                                      world.end, bench.HEARTBEAT_MS)
+                   if row["kind"] != "partition_end"]
+            sent = server.counters["rows"] - sent
+            assert [row["ts_ns"] for row in got] == times[r:], f"from row {r}"
+            assert sent == len(times) - r, f"from row {r}: {sent} rows sent, " \
+                f"{len(times) - r} from the start on"
