@@ -3,7 +3,9 @@ and through the cache's scheduling of the next wave."""
 
 from __future__ import annotations
 
+import json
 import threading
+import time
 
 import pyarrow as pa
 
@@ -155,6 +157,66 @@ def test_row_budget_stops_at_a_timestamp_and_the_next_wave_continues_right_after
     assert [r["ts_ns"] for r in second if r["kind"] == "heartbeat"] == [
         parse_ns(_ts(m)) for m in (20, 30, 40, 50)]
     cache.close()
+
+
+def _budget_runs_out_during_a_wait(flow_box: list, wait_s: float):
+    """Heartbeats 09:01, 09:02, ...: the task's budget runs out while the read waits for the
+    third (a large row in many responses, say); the rest come at once."""
+    def read(token, start_ns):
+        for m in range(1, 60):
+            if m == 3:
+                flow_box[0].stopping.set()
+                time.sleep(wait_s)
+            yield from_change_record(_heartbeat(_ts(m)), token)
+        yield partition_end(token, "open", END, read_from=start_ns)
+    return read
+
+
+def _flow(read_for, **kw) -> list:
+    box: list = []
+    box.append(_Workflow(read_for(box), 1, True, **kw))
+    return list(box[0].rows([("p", T0)]))
+
+
+def test_a_read_keeps_the_row_it_waited_for_and_stops_at_one_that_came_with_another(
+        monkeypatch):
+    """The budget ran out while the read waited for a row: that row is passed on (stopping
+    there would have the source send it again, all of it), and the read stops at the next new
+    timestamp, which came in the same response."""
+    from spark_backend.spanner import workflow
+
+    monkeypatch.setattr(workflow, "WAITED_S", 0.2)
+    rows = _flow(lambda box: _budget_runs_out_during_a_wait(box, 0.5), drain_seconds=30)
+    assert [r["ts_ns"] for r in rows if r["kind"] == "heartbeat"] == [
+        parse_ns(_ts(m)) for m in (1, 2, 3)]
+    assert rows[-1]["kind"] == "partition_end" and rows[-1]["ts_ns"] == parse_ns(_ts(3))
+    assert json.loads(rows[-1]["extra"]) == {"state": "open", "read_from": T0,
+                                             "stopped": "budget"}
+
+
+def test_a_stopped_read_keeps_waited_rows_only_within_its_bounds(monkeypatch):
+    """No time to keep waited rows (``drain_seconds`` 0): the read stops at the first new
+    timestamp, as without the rule. A source whose every row makes the read wait cannot keep a
+    stopped task going past an eighth over its row budget."""
+    from spark_backend.spanner import workflow
+
+    monkeypatch.setattr(workflow, "WAITED_S", 0.2)
+    rows = _flow(lambda box: _budget_runs_out_during_a_wait(box, 0.5), drain_seconds=0)
+    assert [r["ts_ns"] for r in rows if r["kind"] == "heartbeat"] == [
+        parse_ns(_ts(m)) for m in (1, 2)]
+    assert json.loads(rows[-1]["extra"])["stopped"] == "budget"
+
+    monkeypatch.setattr(workflow, "WAITED_S", 0)  # every row counts as waited for
+
+    def endless(token, start_ns):
+        for s in range(1, 3600):
+            yield from_change_record(_heartbeat(f"2022-05-01T09:{s // 60:02d}:{s % 60:02d}Z"),
+                                     token)
+
+    rows = list(_Workflow(endless, 1, True, max_rows=80, drain_seconds=30).rows([("p", T0)]))
+    assert rows[-1]["kind"] == "partition_end"
+    assert json.loads(rows[-1]["extra"])["stopped"] == "budget"
+    assert len(rows) - 1 == 80 + 80 // 8
 
 
 def _task_results(token_rows: dict[str, list[dict]], ends: list[dict]) -> list:

@@ -9,12 +9,19 @@ network, so the hand-over goes through the results of the job). Either way every
 read exactly once, after all its parents.
 
 ``max_rows`` bounds what one task returns and ``max_seconds`` how long it reads: after that many
-rows or seconds, each read stops at its next new timestamp and ends with a ``partition_end`` row
-in state ``open`` at the last timestamp read in full (``stopped: "budget"``); nothing new is
-started. The driver continues those partitions right after it in a task of its own. A Spark
-task's results reach the driver only when the task ends, so short tasks are what lets results
-land as they come and a merge child start soon after its parents (read by different tasks)
-finished.
+rows or seconds, nothing new is started and each read stops at a new timestamp, ending with a
+``partition_end`` row in state ``open`` at the last timestamp read in full (``stopped:
+"budget"``). The row it stops at is not passed on: the next query asks for it again, and from a
+source that paces its responses every response from the one holding that row's start is sent
+again. So a read stops at a row that came with the one before it, in the same response, and
+passes on a row it had to wait for (``WAITED_S``): that one may be a large row in many
+responses, and a budget is more likely to run out while a read waits for such a row. A read
+passes on waited rows for at most ``drain_seconds`` after the first it could have stopped at,
+and while the task has returned less than an eighth over ``max_rows``.
+
+The driver continues those partitions right after it in a task of its own. A Spark task's
+results reach the driver only when the task ends, so short tasks are what lets results land as
+they come and a merge child start soon after its parents (read by different tasks) finished.
 
 Rows stream out through a bounded queue: memory does not grow with the number of records.
 """
@@ -24,6 +31,7 @@ from __future__ import annotations
 import json
 import queue
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -32,14 +40,19 @@ from spark_backend.spanner.reader import read_partition_rows
 
 _DONE = object()
 
+WAITED_S = 0.005       # a row that took longer to arrive than this came in a response of its own
+DRAIN_SECONDS = 0.1    # how long a stopped read may pass on such rows before it stops anyway
+
 
 class _Workflow:
     def __init__(self, read: Callable[[str, int], Iterator[dict]], threads: int, follow: bool,
-                 max_rows: int | None = None, max_seconds: float | None = None):
+                 max_rows: int | None = None, max_seconds: float | None = None,
+                 drain_seconds: float = DRAIN_SECONDS):
         self.read = read
         self.follow = follow
         self.max_rows = max_rows
         self.max_seconds = max_seconds
+        self.drain_seconds = drain_seconds
         self.stopping = threading.Event()
         self.out: queue.Queue = queue.Queue(maxsize=4096)
         self.lock = threading.Lock()
@@ -84,16 +97,26 @@ class _Workflow:
         children: list[tuple[str, list[str], int]] = []
         finished = False
         last_ts: int | None = None  # rows come in timestamp order: all up to it passed on
+        deadline: float | None = None  # set at the first row the read could stop at
         rows = self.read(token, start_ns)
-        for row in rows:
+        while True:
+            asked = time.monotonic()
+            row = next(rows, None)
+            if row is None:
+                break
             kind = row["kind"]
             ts = row.get("ts_ns")
             if kind != "partition_end" and ts is not None:
                 if self.stopping.is_set() and last_ts is not None and ts > last_ts:
-                    rows.close()
-                    self.out.put(partition_end(token, "open", last_ts, read_from=start_ns,
-                                               stopped="budget"))
-                    return
+                    now = time.monotonic()
+                    if deadline is None:
+                        deadline = now + self.drain_seconds
+                    if now - asked < WAITED_S or now >= deadline or self._rows_over():
+                        rows.close()
+                        self.out.put(partition_end(token, "open", last_ts,
+                                                   read_from=start_ns, stopped="budget"))
+                        return
+                    # a row it waited for: passed on, the read stops at a later timestamp
                 last_ts = ts
             if kind in ("child_partitions", "partition_start"):
                 for child in json.loads(row["child_partitions"]):
@@ -115,6 +138,10 @@ class _Workflow:
                     ready.append((child, start))
         for child, start in ready:
             self.submit(child, start)
+
+    def _rows_over(self) -> bool:
+        """Has the task returned an eighth over its row budget (no more waited rows kept)?"""
+        return self.max_rows is not None and self.emitted >= self.max_rows + self.max_rows // 8
 
     def _put(self, row: dict) -> None:
         if self.max_rows is not None:
