@@ -1,22 +1,17 @@
 """The pull benchmark's CPU accounting (``benchmarks/pull_throughput.py``): what it prints as a
 pull's CPU per process kind must be the CPU the processes really used."""
 
-import importlib.util
 import subprocess
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.support.benchmarks import load_benchmark
+
 BURN = ("end = time.process_time() + 0.6\n"
         "while time.process_time() < end: pass\n")
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location(
-        "pull_throughput", ROOT / "benchmarks" / "pull_throughput.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("pull_throughput")
 
 
 def _measured(bench, code: str) -> tuple[dict, dict]:

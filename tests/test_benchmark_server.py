@@ -5,24 +5,16 @@ falls among records chunked over many responses."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
 from spark_backend.demo.world import build_world
 from spark_backend.spanner.connect import SpannerTarget, open_database
 from spark_backend.spanner.reader import _params, query_text, read_partition_rows
-
-ROOT = Path(__file__).resolve().parent.parent
+from tests.support.benchmarks import load_benchmark
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location(
-        "pull_throughput", ROOT / "benchmarks" / "pull_throughput.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("pull_throughput")
 
 
 @pytest.mark.parametrize("dialect", ["googlesql", "postgresql"])
