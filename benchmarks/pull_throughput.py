@@ -217,12 +217,13 @@ def _bench_server(world, dialect: str, latency_ms: float):
     pull's task continues a partition the previous task stopped) from the responses encoded
     ahead for the partition's whole read: the first response is the rest of the one in which
     the first row at or after the new start begins, from that row on; the responses after it
-    follow as encoded. So, as from Spanner, a query sends nothing before its start, and only
-    the first response differs from a fresh encoding in where it ends. Encoding them again
-    would cost the server more CPU than the pull it measures. (Until stop 41 a continuation
-    began at the last response that *starts* with a row, and after a run of records chunked
-    over many responses that was up to 52 responses before the new start: ~4-5 s of responses
-    over a 1M pull's longest chain, all before the start, dropped by the reader.)"""
+    follow as encoded. So, as from Spanner, a query sends nothing before its start; only the
+    first response differs from the responses encoded ahead. (A fresh encoding from the new
+    start would group the rows into responses differently.) Encoding them again would cost
+    the server more CPU than the pull it measures. Until stop 41 a continuation began at the
+    last response that *starts* with a row: after a run of records chunked over many
+    responses, up to 50 responses before the new start (the scale-1 world). In server traces of
+    a 1M pull that was ~2 s of responses over its longest chain, dropped by the reader."""
     import bisect
     from array import array
 
@@ -286,7 +287,7 @@ def _bench_server(world, dialect: str, latency_ms: float):
                     head.CopyFrom(prs)
                     del head.values[:value]
                     head.metadata.row_type.CopyFrom(self._row_type)
-                    prs, n_rows = head, n_rows - value  # the values cut were whole rows
+                    prs, n_rows = head, n_rows - value  # each value cut ended a row
                 if not self._paced(pace, n_rows, context):
                     return
                 yield prs

@@ -48,11 +48,14 @@ def test_a_continued_partition_gets_its_records_from_the_start_and_none_before(d
                                  bench.HEARTBEAT_MS))  # the whole read: learns the mode
         for r in picks:
             start = times[r]
-            sent = server.counters["rows"]
+            before = server.counters
             got = [row for row in read_partition_rows(db, dialect, world.stream, token, start,
                                                       world.end, bench.HEARTBEAT_MS)
                    if row["kind"] != "partition_end"]
-            sent = server.counters["rows"] - sent
+            after = server.counters
+            sent = after["rows"] - before["rows"]
             assert [row["ts_ns"] for row in got] == times[r:], f"from row {r}"
+            # from the response in which row r begins (the reader would drop earlier rows)
+            assert after["responses"] - before["responses"] == len(responses) - begins_in[r]
             assert sent == len(times) - r, f"from row {r}: {sent} rows sent, " \
                 f"{len(times) - r} from the start on"

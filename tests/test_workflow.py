@@ -195,9 +195,10 @@ def test_a_read_keeps_the_row_it_waited_for_and_stops_at_one_that_came_with_anot
 
 
 def test_a_stopped_read_keeps_waited_rows_only_within_its_bounds(monkeypatch):
-    """No time to keep waited rows (``drain_seconds`` 0): the read stops at the first new
-    timestamp, as without the rule. A source whose every row makes the read wait cannot keep a
-    stopped task going past an eighth over its row budget."""
+    """No time to keep waited rows (``drain_seconds`` 0), or a row that took too long (a quiet
+    partition): the read stops at the first new timestamp, as without the rule. A source whose
+    every row makes the read wait cannot keep a stopped task going past an eighth over its row
+    budget."""
     from spark_backend.spanner import workflow
 
     monkeypatch.setattr(workflow, "WAITED_S", 0.2)
@@ -206,7 +207,14 @@ def test_a_stopped_read_keeps_waited_rows_only_within_its_bounds(monkeypatch):
         parse_ns(_ts(m)) for m in (1, 2)]
     assert json.loads(rows[-1]["extra"])["stopped"] == "budget"
 
+    # A row that took WAITED_MAX_S or longer came from a quiet partition: not kept either.
+    monkeypatch.setattr(workflow, "WAITED_MAX_S", 0.3)
+    rows = _flow(lambda box: _budget_runs_out_during_a_wait(box, 0.5), drain_seconds=30)
+    assert [r["ts_ns"] for r in rows if r["kind"] == "heartbeat"] == [
+        parse_ns(_ts(m)) for m in (1, 2)]
+
     monkeypatch.setattr(workflow, "WAITED_S", 0)  # every row counts as waited for
+    monkeypatch.setattr(workflow, "WAITED_MAX_S", 60)
 
     def endless(token, start_ns):
         for s in range(1, 3600):

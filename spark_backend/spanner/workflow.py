@@ -15,9 +15,13 @@ rows or seconds, nothing new is started and each read stops at a new timestamp, 
 source that paces its responses every response from the one holding that row's start is sent
 again. So a read stops at a row that came with the one before it, in the same response, and
 passes on a row it had to wait for (``WAITED_S``): that one may be a large row in many
-responses, and a budget is more likely to run out while a read waits for such a row. A read
-passes on waited rows for at most ``drain_seconds`` after the first it could have stopped at,
-and while the task has returned less than an eighth over ``max_rows``.
+responses, and a budget is more likely to run out while a read waits for such a row. A row
+that took ``WAITED_MAX_S`` or longer is not kept: it came from a quiet partition (a live one
+near its end), where the next row may be as far off. A read passes on waited rows for at most
+``drain_seconds`` after the first it could have stopped at, and while the task has returned
+less than an eighth over ``max_rows`` (reads of one task check that without a lock: a few rows
+more). Each kept row makes the read wait for the row after it, so a task may end up to that
+row's wait later than it would have.
 
 The driver continues those partitions right after it in a task of its own. A Spark task's
 results reach the driver only when the task ends, so short tasks are what lets results land as
@@ -41,6 +45,7 @@ from spark_backend.spanner.reader import read_partition_rows
 _DONE = object()
 
 WAITED_S = 0.005       # a row that took longer to arrive than this came in a response of its own
+WAITED_MAX_S = 1.0     # ... and one that took this long or longer came from a quiet partition
 DRAIN_SECONDS = 0.1    # how long a stopped read may pass on such rows before it stops anyway
 
 
@@ -111,7 +116,8 @@ class _Workflow:
                     now = time.monotonic()
                     if deadline is None:
                         deadline = now + self.drain_seconds
-                    if now - asked < WAITED_S or now >= deadline or self._rows_over():
+                    waited = WAITED_S <= now - asked < WAITED_MAX_S
+                    if not waited or now >= deadline or self._rows_over():
                         rows.close()
                         self.out.put(partition_end(token, "open", last_ts,
                                                    read_from=start_ns, stopped="budget"))
