@@ -191,7 +191,7 @@ def test_a_read_keeps_the_row_it_waited_for_and_stops_at_one_that_came_with_anot
         parse_ns(_ts(m)) for m in (1, 2, 3)]
     assert rows[-1]["kind"] == "partition_end" and rows[-1]["ts_ns"] == parse_ns(_ts(3))
     assert json.loads(rows[-1]["extra"]) == {"state": "open", "read_from": T0,
-                                             "stopped": "budget"}
+                                             "stopped": "budget", "arrival": 0}
 
 
 def test_a_stopped_read_keeps_waited_rows_only_within_its_bounds(monkeypatch):
@@ -239,7 +239,7 @@ def _task_a() -> list:
         {"child_token_1": [_heartbeat("2022-05-01T09:10:00Z")],
          "child_token_2": [_heartbeat("2022-05-01T09:20:00Z"), MERGE_RECORD]},
         [partition_end("child_token_1", "open", parse_ns("2022-05-01T09:10:00Z"),
-                       read_from=T0, stopped="budget"),
+                       read_from=T0, stopped="budget", arrival=1),
          partition_end("child_token_2", "finished", T_MERGE, read_from=T0, end=T_MERGE)])
 
 
@@ -276,16 +276,17 @@ def test_the_driver_plans_the_next_task_from_a_tasks_results_as_the_cache_would(
     cache.ingest("s", pull, pa.Table.from_batches(a))
     assert ("child_token_1", stopped_at) in cache.frontier("s", END)
     assert "child_token_4" not in dict(cache.frontier("s", END))
-    plan.take()
+    # Its next query numbers its rows on after the one row read so far.
+    assert plan.take() == [("child_token_1", stopped_at, 1)]
     # Task B (partition 3) stopped before it started it: 3 is read again from its start.
-    plan.task_ended([("child_token_3", T0)], _arrived([to_arrow_batch([])]))
+    plan.task_ended([("child_token_3", T0, 0)], _arrived([to_arrow_batch([])]))
     assert plan.ready == {"child_token_3": T0} and "child_token_4" in plan.waiting
     plan.take()
     # Task C finished 3: the merge child is ready at its start, once.
     c = _task_results({"child_token_3": [_heartbeat("2022-05-01T09:25:00Z"), MERGE_RECORD]},
                       [partition_end("child_token_3", "finished", T_MERGE, read_from=T0,
                                      end=T_MERGE)])
-    plan.task_ended([("child_token_3", T0)], _arrived(c))
+    plan.task_ended([("child_token_3", T0, 0)], _arrived(c))
     assert plan.ready == {"child_token_4": T_MERGE} and not plan.waiting
     cache.ingest("s", pull, pa.Table.from_batches(c))
     assert dict(cache.frontier("s", END))["child_token_4"] == T_MERGE
@@ -426,3 +427,24 @@ def test_the_driver_holds_a_tasks_results_compressed_with_what_its_plan_needs():
     ends, children = ends_and_children(a)
     assert [e[0] for e in ends] == ["child_token_1", "child_token_2"]
     assert [c[0] for c in children] == ["child_token_4"]
+
+
+def test_a_continued_partition_numbers_its_rows_on_from_the_rows_read_before():
+    """The reader numbers each query's rows from 1; a partition continued after a budget stop
+    numbers them on from the rows its earlier queries of the pull read, and a budget stop says
+    how many that is now: the order check sees one sequence per partition and pull."""
+    def read(token, start_ns):
+        for line, m in enumerate(range(1, 60), start=1):
+            if m == 4:
+                flow.stopping.set()
+            yield {**from_change_record(_heartbeat(_ts(m)), token), "line": line}
+        yield partition_end(token, "open", END, read_from=start_ns)
+
+    flow = _Workflow(read, 1, True, drain_seconds=0)
+    rows = list(flow.rows([("p", T0, 40)]))
+    assert [r["line"] for r in rows if r["kind"] == "heartbeat"] == [41, 42, 43]
+    assert json.loads(rows[-1]["extra"])["arrival"] == 43
+    flow = _Workflow(read, 1, True, drain_seconds=0)
+    rows = list(flow.rows([("p", T0)]))  # a partition's first query in the pull
+    assert [r["line"] for r in rows if r["kind"] == "heartbeat"] == [1, 2, 3]
+    assert json.loads(rows[-1]["extra"])["arrival"] == 3

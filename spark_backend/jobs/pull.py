@@ -319,6 +319,7 @@ class _Plan:
         self.done: set[str] = set()           # read to their end or the range end, or failed
         self.reading: set[str] = set()
         self.ready: dict[str, int] = {}       # token -> read from (UTC ns)
+        self.arrived: dict[str, int] = {}     # token -> its rows read so far (continued ones)
         self.waiting: dict[str, tuple[frozenset[str], int]] = {}  # merge child -> parents
 
     def offer(self, parts: list[tuple[str, int]]) -> None:
@@ -328,26 +329,29 @@ class _Plan:
                 self.waiting.pop(token, None)
                 self.ready[token] = start
 
-    def take(self) -> list[tuple[str, int]]:
+    def take(self) -> list[tuple[str, int, int]]:
+        """The readable partitions: (token, read from, its rows read before in this pull)."""
         parts, self.ready = list(self.ready.items()), {}
         self.reading.update(token for token, _ in parts)
-        return parts
+        return [(token, start, self.arrived.get(token, 0)) for token, start in parts]
 
-    def task_ended(self, roots: list[tuple[str, int]], results: list[Packed]) -> None:
+    def task_ended(self, roots: list[tuple[str, int, int]], results: list[Packed]) -> None:
         """A task's ``results`` arrived: what can be read next."""
         ends = [end for piece in results for end in piece.ends]
         children = [child for piece in results for child in piece.children]
         seen = set()
-        for token, state, budget, read_to in ends:
+        for token, state, budget, read_to, arrival in ends:
             seen.add(token)
             self.reading.discard(token)
             if state == PartitionState.OPEN and budget:
                 self.ready[token] = read_to + 1  # as the cache's frontier continues it
+                self.arrived[token] = arrival  # its rows in this pull count on from there
             else:
+                self.arrived.pop(token, None)
                 self.done.add(token)
                 if state == PartitionState.FINISHED:
                     self.finished.add(token)
-        for token, start in roots:
+        for token, start, _ in roots:
             self.reading.discard(token)
             if token not in seen and token not in self.done:
                 self.ready.setdefault(token, start)  # not started: the task stopped first
@@ -387,7 +391,7 @@ class _Jobs:
         self.events = events
         self.in_flight = threading.Semaphore(8)  # batches not taken yet: back-pressure
         self.closed = False
-        self.tasks: dict[tuple[int, int], list[tuple[str, int]]] = {}  # running -> roots
+        self.tasks: dict[tuple[int, int], list[tuple[str, int, int]]] = {}  # running -> roots
         self.started = 0
         # Spark Connect: processes of the tool share one server-side session, so this pull's
         # operations carry a tag of their own and only they are interrupted on failure.
@@ -396,7 +400,7 @@ class _Jobs:
     def free_slots(self) -> int:
         return self.slots - len(self.tasks)
 
-    def start(self, parts: list[tuple[str, int]]) -> None:
+    def start(self, parts: list[tuple[str, int, int]]) -> None:
         """One job of ``min(free slots, len(parts))`` tasks reading ``parts``."""
         import threading
 
@@ -415,8 +419,8 @@ class _Jobs:
             "threads": str(self.request.threads_per_task),
             "max_rows": str(self.request.max_rows_per_task),
             "max_seconds": str(self.request.task_seconds), "task_markers": "true",
-            "groups": json.dumps([[{"token": t, "start_ns": s} for t, s in group]
-                                  for group in groups]),
+            "groups": json.dumps([[{"token": t, "start_ns": s, "arrival": a}
+                                   for t, s, a in group] for group in groups]),
         }
         threading.Thread(target=self._run, args=(number, options), daemon=True,
                          name=f"pull-job-{number}").start()

@@ -11,7 +11,9 @@ read exactly once, after all its parents.
 ``max_rows`` bounds what one task returns and ``max_seconds`` how long it reads: after that many
 rows or seconds, nothing new is started and each read stops at a new timestamp, ending with a
 ``partition_end`` row in state ``open`` at the last timestamp read in full (``stopped:
-"budget"``). The row it stops at is not passed on: the next query asks for it again, and from a
+"budget"``) and the number of the last row it passed on (``arrival``: a partition's rows count
+on across the queries that continue it in one pull, see ``submit``). The row it stops at is not
+passed on: the next query asks for it again, and from a
 source that paces its responses every response from the one holding that row's start is sent
 again. So a read stops at a row that came with the one before it, in the same response, and
 passes on a row it had to wait for (``WAITED_S``): that one may be a large row in many
@@ -71,22 +73,26 @@ class _Workflow:
         self.error: BaseException | None = None
         self.emitted = 0
 
-    def submit(self, token: str, start_ns: int) -> None:
+    def submit(self, token: str, start_ns: int, arrival: int = 0) -> None:
+        """Read ``token`` from ``start_ns``; ``arrival``: the rows an earlier query of this
+        pull read of it (its rows' ``line`` numbers go on from there, so that a partition's
+        rows in one pull are numbered once, in the order they arrived: the order check of
+        ``analysis.report`` relies on it)."""
         with self.lock:
             if token in self.scheduled:
                 return
             self.scheduled.add(token)
             self.outstanding += 1
-        self.work.put((token, start_ns))
+        self.work.put((token, start_ns, arrival))
 
     def _worker(self) -> None:
         while True:
             item = self.work.get()
             if item is _DONE:
                 return
-            token, start_ns = item
+            token, start_ns, arrival = item
             try:
-                self._read_one(token, start_ns)
+                self._read_one(token, start_ns, arrival)
             except BaseException as e:  # a bug: surface it in the task instead of hanging
                 self.error = e
             finally:
@@ -96,13 +102,14 @@ class _Workflow:
                 if last:
                     self.out.put(_DONE)
 
-    def _read_one(self, token: str, start_ns: int) -> None:
+    def _read_one(self, token: str, start_ns: int, arrival: int = 0) -> None:
         if self.stopping.is_set():
             return  # not started: still pending (or its parent's child) in the cache
         children: list[tuple[str, list[str], int]] = []
         finished = False
         last_ts: int | None = None  # rows come in timestamp order: all up to it passed on
         deadline: float | None = None  # set at the first row the read could stop at
+        offset = arrival  # rows of this partition read before, in this pull
         rows = self.read(token, start_ns)
         while True:
             asked = time.monotonic()
@@ -120,7 +127,8 @@ class _Workflow:
                     if not waited or now >= deadline or self._rows_over():
                         rows.close()
                         self.out.put(partition_end(token, "open", last_ts,
-                                                   read_from=start_ns, stopped="budget"))
+                                                   read_from=start_ns, stopped="budget",
+                                                   arrival=arrival))
                         return
                     # a row it waited for: passed on, the read stops at a later timestamp
                 last_ts = ts
@@ -130,6 +138,9 @@ class _Workflow:
                                      row["ts_ns"]))
             elif kind == "partition_end":
                 finished = json.loads(row["extra"]).get("state") == "finished"
+            if row.get("line") is not None:  # the reader counts from 1 in each query
+                row["line"] += offset
+                arrival = row["line"]
             self._put(row)
         if not (finished and self.follow) or self.stopping.is_set():
             return
@@ -160,8 +171,8 @@ class _Workflow:
     def rows(self, roots: list[tuple[str, int]]) -> Iterator[dict[str, Any]]:
         if not roots:
             return
-        for token, start in roots:
-            self.submit(token, start)
+        for token, start, *arrival in roots:
+            self.submit(token, start, *arrival)
         timer = None
         if self.max_seconds is not None:
             timer = threading.Timer(self.max_seconds, self.stopping.set)
@@ -192,9 +203,10 @@ def read_partitions(
     heartbeat_ms: int, *, threads: int = 8, follow_children: bool = True,
     max_attempts: int = 6, max_rows: int | None = None, max_seconds: float | None = None,
 ) -> Iterator[dict[str, Any]]:
-    """Rows of ``roots`` (token, start) and, with ``follow_children``, of their descendants
-    that can be read here; ``threads`` partitions are read at the same time; ``max_rows``
-    and ``max_seconds`` bound the rows returned and the time taken (see the module doc)."""
+    """Rows of ``roots`` (token, start[, rows read of it before in this pull]) and, with
+    ``follow_children``, of their descendants that can be read here; ``threads`` partitions
+    are read at the same time; ``max_rows`` and ``max_seconds`` bound the rows returned and
+    the time taken (see the module doc)."""
 
     def read(token: str, start_ns: int) -> Iterator[dict]:
         return read_partition_rows(database, dialect, stream, token, start_ns, end_ns,

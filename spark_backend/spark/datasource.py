@@ -81,6 +81,14 @@ class SpannerChangeStreamDataSource(DataSource):
         return SpannerChangeStreamDataSourceReader(self.options)
 
 
+def _part(p: dict) -> tuple[str, int, int]:
+    """(token, start, rows read of it before in this pull) of an option's partition."""
+    arrival = int(p.get("arrival", 0))
+    if arrival < 0:
+        raise ValueError(f"arrival {arrival} < 0")
+    return p["token"], int(p["start_ns"]), arrival
+
+
 class SpannerChangeStreamDataSourceReader(DataSourceReader):
     def __init__(self, options: dict):
         from spark_backend.spanner.connect import SpannerTarget, validate_dialect
@@ -100,16 +108,17 @@ class SpannerChangeStreamDataSourceReader(DataSourceReader):
         self.max_attempts = int(options.get("max_attempts", "6"))
         try:
             if options.get("groups"):
-                self.groups = [[(p["token"], int(p["start_ns"])) for p in group]
+                self.groups = [[_part(p) for p in group]
                                for group in json.loads(options["groups"])]
             else:
                 self.groups = None
                 parts = json.loads(_require(options, "partitions"))
-                self.parts = [(p["token"], int(p["start_ns"])) for p in parts]
+                self.parts = [_part(p) for p in parts]
         except (ValueError, KeyError, TypeError) as e:
             raise ValueError(
                 'Option "partitions" must be a JSON list of {"token": ..., "start_ns": ...} '
-                '(and "groups" a JSON list of such lists).'
+                '(optionally "arrival": the rows of it read before in this pull) and "groups" '
+                'a JSON list of such lists.'
             ) from e
         if self.groups is not None:
             self.parts = [p for group in self.groups for p in group]

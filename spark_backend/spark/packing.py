@@ -70,7 +70,7 @@ class Packed:
     rows: int
     records: int
     task: int | None             # the task this row ends
-    ends: list[tuple]            # (token, state, stopped for the budget, read to)
+    ends: list[tuple]            # (token, state, stopped for the budget, read to, rows read)
     children: list[tuple]        # (child, parents, start)
 
     def batches(self):
@@ -113,7 +113,8 @@ def record_rows(batch) -> int:
 
 
 def ends_and_children(batches) -> tuple[list[tuple], list[tuple]]:
-    """(token, state, stopped for the budget, read to) of each partition end row and (child,
+    """(token, state, stopped for the budget, read to, the partition's rows read so far in
+    the pull when it stopped for the budget) of each partition end row and (child,
     parents, start) of each announced child, from Arrow batches of records (a task's end
     marker of the data source, a partition end without a partition, is left out)."""
     import pyarrow as pa
@@ -132,7 +133,8 @@ def ends_and_children(batches) -> tuple[list[tuple], list[tuple]]:
                     continue  # a task's own end marker
                 detail = json.loads(row["extra"] or "{}")
                 ends.append((row["partition_token"], detail.get("state"),
-                             detail.get("stopped") == "budget", row["ts_ns"]))
+                             detail.get("stopped") == "budget", row["ts_ns"],
+                             detail.get("arrival", 0)))
             else:
                 for child in json.loads(row["child_partitions"] or "[]"):
                     parents = [t for t in child["parent_partition_tokens"] if t]
