@@ -94,3 +94,46 @@ def test_a_session_the_source_forgot_is_replaced(world):
     assert again == first
     assert json.loads(again[-1]["extra"])["state"] == "finished"
     assert len(live) == 1
+
+
+def _budget_rounds(world, server, db, **kw) -> tuple[list[dict], int]:
+    plan = _Plan(set())  # the driver's planning of the next task, as in a pull
+    plan.offer(_roots(db, world))
+    rows: list[dict] = []
+    rounds = 0
+    while plan.ready:
+        rounds += 1
+        parts = plan.take()
+        got = list(read_partitions(db, "googlesql", world.stream, parts, world.end,
+                                   HEARTBEAT_MS, threads=4, max_rows=2_000, **kw))
+        rows += got
+        plan.task_ended(parts, list(packed_rows([packed(to_arrow_batch(got))])))
+        assert rounds < 200
+    return rows, rounds
+
+
+def test_a_read_stopped_by_a_budget_is_taken_over_by_the_next_task_of_its_process(world):
+    """The next task in the process continues a stopped partition with the read itself (it
+    went on meanwhile), not with a new query: each partition is queried once, the rows are
+    the same, numbered on across the tasks; parked reads nobody takes are closed."""
+    from spark_backend.spanner import workflow
+
+    taken = workflow.PARKED.counts["taken"]
+    with DemoServer(world, latency_ms=1.0) as server:
+        db = open_database(SpannerTarget("p", "i", "d", "googlesql", server.address))
+        rows, rounds = _budget_rounds(world, server, db)
+        parked = server.counters["queries"]
+        again, rounds_again = _budget_rounds(world, server, db, park_reads=False)
+        fresh = server.counters["queries"] - parked
+    assert rounds > 3 and workflow.PARKED.counts["taken"] - taken > 3
+    assert _data(rows) == _data(again) and len(_data(rows)) == world.num_data_change_records
+    stops = sum(1 for r in again if r["kind"] == "partition_end" and '"budget"' in r["extra"])
+    # The initial query, then each partition once; without parking once more per stop.
+    assert parked == 1 + len(world.partitions)
+    assert fresh == 1 + len(world.partitions) + stops and stops > 3
+    for got in (rows, again):  # one sequence per partition: 1, 2, 3, ...
+        lines: dict[str, list[int]] = {}
+        for r in got:
+            if r["kind"] in ("data_change", "heartbeat", "child_partitions"):
+                lines.setdefault(r["partition_token"], []).append(r["line"])
+        assert all(seq == list(range(1, len(seq) + 1)) for seq in lines.values())

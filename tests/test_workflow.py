@@ -186,7 +186,7 @@ def test_a_read_keeps_the_row_it_waited_for_and_stops_at_one_that_came_with_anot
     from spark_backend.spanner import workflow
 
     monkeypatch.setattr(workflow, "WAITED_S", 0.2)
-    rows = _flow(lambda box: _budget_runs_out_during_a_wait(box, 0.5), drain_seconds=30)
+    rows = _flow(lambda box: _budget_runs_out_during_a_wait(box, 0.5), keep_seconds=30)
     assert [r["ts_ns"] for r in rows if r["kind"] == "heartbeat"] == [
         parse_ns(_ts(m)) for m in (1, 2, 3)]
     assert rows[-1]["kind"] == "partition_end" and rows[-1]["ts_ns"] == parse_ns(_ts(3))
@@ -195,21 +195,21 @@ def test_a_read_keeps_the_row_it_waited_for_and_stops_at_one_that_came_with_anot
 
 
 def test_a_stopped_read_keeps_waited_rows_only_within_its_bounds(monkeypatch):
-    """No time to keep waited rows (``drain_seconds`` 0), or a row that took too long (a quiet
+    """No time to keep waited rows (``keep_seconds`` 0), or a row that took too long (a quiet
     partition): the read stops at the first new timestamp, as without the rule. A source whose
     every row makes the read wait cannot keep a stopped task going past an eighth over its row
     budget."""
     from spark_backend.spanner import workflow
 
     monkeypatch.setattr(workflow, "WAITED_S", 0.2)
-    rows = _flow(lambda box: _budget_runs_out_during_a_wait(box, 0.5), drain_seconds=0)
+    rows = _flow(lambda box: _budget_runs_out_during_a_wait(box, 0.5), keep_seconds=0)
     assert [r["ts_ns"] for r in rows if r["kind"] == "heartbeat"] == [
         parse_ns(_ts(m)) for m in (1, 2)]
     assert json.loads(rows[-1]["extra"])["stopped"] == "budget"
 
     # A row that took WAITED_MAX_S or longer came from a quiet partition: not kept either.
     monkeypatch.setattr(workflow, "WAITED_MAX_S", 0.3)
-    rows = _flow(lambda box: _budget_runs_out_during_a_wait(box, 0.5), drain_seconds=30)
+    rows = _flow(lambda box: _budget_runs_out_during_a_wait(box, 0.5), keep_seconds=30)
     assert [r["ts_ns"] for r in rows if r["kind"] == "heartbeat"] == [
         parse_ns(_ts(m)) for m in (1, 2)]
 
@@ -221,7 +221,7 @@ def test_a_stopped_read_keeps_waited_rows_only_within_its_bounds(monkeypatch):
             yield from_change_record(_heartbeat(f"2022-05-01T09:{s // 60:02d}:{s % 60:02d}Z"),
                                      token)
 
-    rows = list(_Workflow(endless, 1, True, max_rows=80, drain_seconds=30).rows([("p", T0)]))
+    rows = list(_Workflow(endless, 1, True, max_rows=80, keep_seconds=30).rows([("p", T0)]))
     assert rows[-1]["kind"] == "partition_end"
     assert json.loads(rows[-1]["extra"])["stopped"] == "budget"
     assert len(rows) - 1 == 80 + 80 // 8
@@ -440,11 +440,67 @@ def test_a_continued_partition_numbers_its_rows_on_from_the_rows_read_before():
             yield {**from_change_record(_heartbeat(_ts(m)), token), "line": line}
         yield partition_end(token, "open", END, read_from=start_ns)
 
-    flow = _Workflow(read, 1, True, drain_seconds=0)
+    flow = _Workflow(read, 1, True, keep_seconds=0)
     rows = list(flow.rows([("p", T0, 40)]))
     assert [r["line"] for r in rows if r["kind"] == "heartbeat"] == [41, 42, 43]
     assert json.loads(rows[-1]["extra"])["arrival"] == 43
-    flow = _Workflow(read, 1, True, drain_seconds=0)
+    flow = _Workflow(read, 1, True, keep_seconds=0)
     rows = list(flow.rows([("p", T0)]))  # a partition's first query in the pull
     assert [r["line"] for r in rows if r["kind"] == "heartbeat"] == [1, 2, 3]
     assert json.loads(rows[-1]["extra"])["arrival"] == 3
+
+
+def _numbered(token, closed: list, n: int = 50, stop_at: int | None = None, flow=None):
+    """Heartbeats numbered as the reader numbers them; ``closed`` notes the close."""
+    try:
+        for line in range(1, n + 1):
+            if line == stop_at:
+                flow[0].stopping.set()
+            yield {**from_change_record(_heartbeat(_ts(line)), token), "line": line}
+    finally:
+        closed.append(token)
+
+
+def test_a_parked_read_goes_on_boundedly_and_the_next_task_takes_it_over(monkeypatch):
+    """A read stopped at its budget is parked: it reads on into at most PARK_ROWS rows, and
+    the next task that continues the partition from there gets those and the rest of the
+    same read, numbered as a new query's (from 1) and, parked again, again."""
+    from spark_backend.spanner import workflow
+
+    monkeypatch.setattr(workflow, "PARK_ROWS", 10)
+    lot = workflow._Lot()
+    closed: list = []
+    box: list = []
+    key = lambda token, start: (token, start)  # noqa: E731
+
+    def park(token, start, rows, row):
+        lot.park(key(token, start), rows, row)
+
+    box.append(_Workflow(lambda t, s: _numbered(t, closed, stop_at=4, flow=box), 1, True,
+                         keep_seconds=0, park=park))
+    first = list(box[0].rows([("p", T0)]))
+    assert [r["line"] for r in first if r["kind"] == "heartbeat"] == [1, 2, 3]
+    resume = parse_ns(_ts(3)) + 1
+    time.sleep(0.3)
+    assert len(lot.parked[("p", resume)].pending) == 10 and not closed  # bounded, open
+    taken = lot.take(("p", resume))
+    assert [next(taken)["line"] for _ in range(3)] == [1, 2, 3]  # rows 4, 5, 6 of the read
+    lot.park(("p", parse_ns(_ts(6)) + 1), taken, next(taken))  # row 7: parked again
+    again = lot.take(("p", parse_ns(_ts(6)) + 1))
+    rest = list(again)
+    assert [r["line"] for r in rest] == list(range(1, 45))
+    assert [r["ts_ns"] for r in rest] == [parse_ns(_ts(m)) for m in range(7, 51)]
+    assert lot.counts == {"parked": 2, "taken": 2} and lot.rows == 0
+
+
+def test_a_parked_read_nobody_takes_is_closed(monkeypatch):
+    from spark_backend.spanner import workflow
+
+    monkeypatch.setattr(workflow, "PARK_SECONDS", 0.2)
+    lot = workflow._Lot()
+    closed: list = []
+    rows = _numbered("p", closed)
+    lot.park(("p", 1), rows, next(rows))
+    time.sleep(0.6)
+    assert closed == ["p"] and lot.counts["closed"] == 1 and not lot.parked and lot.rows == 0
+    assert lot.take(("p", 1)) is None
