@@ -457,3 +457,33 @@ def test_report_json_keys(demo_pull):
     assert report["transactions"]["total"] == len(world.transactions)
     assert report["holding_back"] in {q.token for q in world.partitions if q.end is None}
     assert report["low_watermark"].endswith("Z")
+
+
+def test_spark_tasks_take_over_the_reads_the_tasks_before_them_stopped(spark, tmp_path,
+                                                                      monkeypatch):
+    """In Spark's reused Python workers, the next task continues a partition stopped at the
+    budget with the read itself: seen from the source, most stops cost no query, though the
+    tasks stopped reads again and again (without parked reads each stop is one query more)."""
+    from spark_backend.demo.server import DemoServer
+    from spark_backend.jobs import pull
+
+    stops = []
+    task_ended = pull._Plan.task_ended
+
+    def counted(self, roots, results):
+        stops.extend(e for piece in results for e in piece.ends if e[2])
+        return task_ended(self, roots, results)
+
+    monkeypatch.setattr(pull._Plan, "task_ended", counted)
+    world = build_world(seed=7, scale=SMALL)
+    with DemoServer(world, latency_ms=1.0) as server:
+        cache = Cache(tmp_path / "parked.duckdb")
+        result = run_pull(cache, PullRequest(source="demo", demo_scale=SMALL,
+                                             demo_host=server.address, max_rows_per_task=200,
+                                             task_seconds=0.5))
+        queries = server.counters["queries"]
+    assert result.status == "complete", result.error
+    assert_equals_world(cache, "DemoStream", world, heartbeats=False)
+    again = queries - 1 - len(world.partitions)  # beyond the initial query and one each
+    assert len(stops) > 20 and again <= len(stops) // 2, (again, len(stops))
+    cache.close()

@@ -44,6 +44,22 @@ def _data(rows) -> set[tuple]:
             for r in rows if r["kind"] == "data_change"}
 
 
+def _budget_rounds(world, db, **kw) -> tuple[list[dict], int]:
+    plan = _Plan(set())  # the driver's planning of the next task, as in a pull
+    plan.offer(_roots(db, world))
+    rows: list[dict] = []
+    rounds = 0
+    while plan.ready:
+        rounds += 1
+        parts = plan.take()
+        got = list(read_partitions(db, "googlesql", world.stream, parts, world.end,
+                                   HEARTBEAT_MS, threads=4, max_rows=2_000, **kw))
+        rows += got
+        plan.task_ended(parts, list(packed_rows([packed(to_arrow_batch(got))])))
+        assert rounds < 200
+    return rows, rounds
+
+
 def test_partition_reads_reuse_sessions_one_per_read_in_progress(world):
     with DemoServer(world) as server:
         db = open_database(SpannerTarget("p", "i", "d", "googlesql", server.address))
@@ -59,20 +75,10 @@ def test_partition_reads_reuse_sessions_one_per_read_in_progress(world):
 
 
 def test_reads_stopped_by_a_budget_give_their_sessions_back_and_continue(world):
+    """Closed at the stop (not parked: that is the next test), a read gives its session back."""
     with DemoServer(world, latency_ms=1.0) as server:
         db = open_database(SpannerTarget("p", "i", "d", "googlesql", server.address))
-        plan = _Plan(set())  # the driver's planning of the next task, as in a pull
-        plan.offer(_roots(db, world))
-        rows: list[dict] = []
-        rounds = 0
-        while plan.ready:
-            rounds += 1
-            parts = plan.take()
-            got = list(read_partitions(db, "googlesql", world.stream, parts, world.end,
-                                       HEARTBEAT_MS, threads=4, max_rows=2_000))
-            rows += got
-            plan.task_ended(parts, list(packed_rows([packed(to_arrow_batch(got))])))
-            assert rounds < 200
+        rows, rounds = _budget_rounds(world, db, park_reads=False)
         counters = server.counters
     assert rounds > 3  # the budget stopped reads, which went on where they stopped
     assert any(r["kind"] == "partition_end" and '"budget"' in r["extra"] for r in rows)
@@ -96,22 +102,6 @@ def test_a_session_the_source_forgot_is_replaced(world):
     assert len(live) == 1
 
 
-def _budget_rounds(world, server, db, **kw) -> tuple[list[dict], int]:
-    plan = _Plan(set())  # the driver's planning of the next task, as in a pull
-    plan.offer(_roots(db, world))
-    rows: list[dict] = []
-    rounds = 0
-    while plan.ready:
-        rounds += 1
-        parts = plan.take()
-        got = list(read_partitions(db, "googlesql", world.stream, parts, world.end,
-                                   HEARTBEAT_MS, threads=4, max_rows=2_000, **kw))
-        rows += got
-        plan.task_ended(parts, list(packed_rows([packed(to_arrow_batch(got))])))
-        assert rounds < 200
-    return rows, rounds
-
-
 def test_a_read_stopped_by_a_budget_is_taken_over_by_the_next_task_of_its_process(world):
     """The next task in the process continues a stopped partition with the read itself (it
     went on meanwhile), not with a new query: each partition is queried once, the rows are
@@ -121,9 +111,9 @@ def test_a_read_stopped_by_a_budget_is_taken_over_by_the_next_task_of_its_proces
     taken = workflow.PARKED.counts["taken"]
     with DemoServer(world, latency_ms=1.0) as server:
         db = open_database(SpannerTarget("p", "i", "d", "googlesql", server.address))
-        rows, rounds = _budget_rounds(world, server, db)
+        rows, rounds = _budget_rounds(world, db)
         parked = server.counters["queries"]
-        again, rounds_again = _budget_rounds(world, server, db, park_reads=False)
+        again, rounds_again = _budget_rounds(world, db, park_reads=False)
         fresh = server.counters["queries"] - parked
     assert rounds > 3 and workflow.PARKED.counts["taken"] - taken > 3
     assert _data(rows) == _data(again) and len(_data(rows)) == world.num_data_change_records

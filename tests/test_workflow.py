@@ -8,6 +8,7 @@ import threading
 import time
 
 import pyarrow as pa
+import pytest
 
 from spark_backend.cache.store import Cache
 from spark_backend.model.records import from_change_record, partition_end, to_arrow_batch
@@ -504,3 +505,35 @@ def test_a_parked_read_nobody_takes_is_closed(monkeypatch):
     time.sleep(0.6)
     assert closed == ["p"] and lot.counts["closed"] == 1 and not lot.parked and lot.rows == 0
     assert lot.take(("p", 1)) is None
+
+
+def test_a_parked_read_whose_reader_fails_hands_on_its_rows_then_the_error(monkeypatch):
+    """A reader that raises while parked (a bug: the reader ends a failing partition with a
+    row): the taker gets the rows read, then the error; one nobody takes is closed, and the
+    rows it held no longer count against the process's bound."""
+    from spark_backend.spanner import workflow
+
+    monkeypatch.setattr(workflow, "PARK_SECONDS", 0.3)
+
+    def failing(closed):
+        try:
+            for line in range(1, 4):
+                yield {**from_change_record(_heartbeat(_ts(line)), "p"), "line": line}
+            raise RuntimeError("reader bug")
+        finally:
+            closed.append("p")
+
+    lot = workflow._Lot()
+    closed: list = []
+    rows = failing(closed)
+    lot.park(("p", 1), rows, next(rows))
+    time.sleep(0.1)
+    taken = lot.take(("p", 1))
+    assert [next(taken)["line"] for _ in range(3)] == [1, 2, 3]
+    with pytest.raises(RuntimeError, match="reader bug"):
+        next(taken)
+    assert lot.rows == 0
+    rows = failing(closed)
+    lot.park(("p", 2), rows, next(rows))
+    time.sleep(0.6)
+    assert lot.counts["closed"] == 1 and not lot.parked and lot.rows == 0

@@ -55,6 +55,8 @@ from spark_backend.model.records import partition_end
 from spark_backend.spanner.reader import read_partition_rows
 
 _DONE = object()
+# a partition to read: (token, start) or (token, start, its rows read before in this pull)
+Root = tuple[str, int] | tuple[str, int, int]
 
 WAITED_S = 0.005       # a row that took longer to arrive than this came in a response of its own
 WAITED_MAX_S = 1.0     # ... and one that took this long or longer came from a quiet partition
@@ -159,9 +161,8 @@ class _Workflow:
                                      row["ts_ns"]))
             elif kind == "partition_end":
                 finished = json.loads(row["extra"]).get("state") == "finished"
-            if row.get("line") is not None:  # the reader counts from 1 in each query
-                row["line"] += offset
-                arrival = row["line"]
+            _shift(row, offset)  # the reader counts from 1 in each query
+            arrival = row.get("line") or arrival
             self._put(row)
         if not (finished and self.follow) or self.stopping.is_set():
             return
@@ -189,7 +190,7 @@ class _Workflow:
                     self.stopping.set()
         self.out.put(row)
 
-    def rows(self, roots: list[tuple[str, int]]) -> Iterator[dict[str, Any]]:
+    def rows(self, roots: list[Root]) -> Iterator[dict[str, Any]]:
         if not roots:
             return
         for token, start, *arrival in roots:
@@ -219,6 +220,12 @@ class _Workflow:
             raise self.error
 
 
+def _shift(row: dict, n: int) -> None:
+    """Move a row's number (``line``, the reader's count in its query) by ``n``."""
+    if row.get("line") is not None:
+        row["line"] += n
+
+
 class _Resumed:
     """A parked read's rows for the task that took it over, numbered as its own query's
     would be (from 1)."""
@@ -241,8 +248,7 @@ class _Resumed:
             raise StopIteration
         else:
             row = next(self.source)
-        if row.get("line") is not None:
-            row["line"] -= self.base
+        _shift(row, -self.base)
         return row
 
     def close(self) -> None:
@@ -251,16 +257,19 @@ class _Resumed:
 
 class _Parked:
     """A read stopped at its task's budget. It goes on reading into ``pending`` (at most
-    ``PARK_ROWS`` rows, and while the process's parked reads hold fewer than
+    ``PARK_ROWS`` rows, and while the process's parked reads hold fewer than about
     ``PARKED_ROWS_MAX``; then gRPC's flow control holds the source) until a task that
     continues the partition from there takes it over, or ``PARK_SECONDS`` pass: then it is
-    closed (its call cancelled, its session given back)."""
+    closed (its call cancelled, its session given back). A read waiting for its next row
+    notices either only when that row comes: on a quiet partition up to one heartbeat later,
+    the wait a new query would have for its first row too."""
 
     def __init__(self, lot: _Lot, key: tuple, source: Iterator[dict], pending: deque,
-                 base: int, ended: bool = False, error: BaseException | None = None):
+                 base: int, ended: bool, error: BaseException | None, keep: Any):
         self.lot, self.key, self.source = lot, key, source
         self.pending, self.base = pending, base
         self.ended, self.error = ended, error
+        self.keep = keep  # what the key names by ``id``: alive while parked, so not reused
         self.claimed = threading.Event()
         self.handed = threading.Event()  # the pump no longer touches ``source``
         self.until = time.monotonic() + PARK_SECONDS
@@ -270,8 +279,7 @@ class _Parked:
             while not self.claimed.is_set():
                 if time.monotonic() >= self.until:
                     if self.lot.drop(self):
-                        self.lot.hold(-len(self.pending))
-                        self.pending.clear()
+                        self._release()
                         self.source.close()
                         return
                     continue  # taken over just now
@@ -281,21 +289,27 @@ class _Parked:
                 if self.lot.full():  # until a task takes some parked read over
                     self.claimed.wait(0.02)
                     continue
-                row = next(self.source, None)
+                try:
+                    row = next(self.source, None)
+                except BaseException as e:  # the reader's own bug: the taker raises it
+                    self.error = e
+                    continue
                 if row is None:
                     self.ended = True
                 else:
                     self.pending.append(row)
                     self.lot.hold(1)
-        except BaseException as e:  # the reader ends a failing partition with a row; a bug
-            self.error = e
         finally:
             self.handed.set()
+
+    def _release(self) -> None:
+        """The rows it holds no longer count against the process's bound."""
+        self.lot.hold(-len(self.pending))
 
     def resumed(self) -> _Resumed:
         self.claimed.set()
         self.handed.wait()
-        self.lot.hold(-len(self.pending))
+        self._release()
         return _Resumed(self.source, self.pending, self.base, self.ended, self.error)
 
 
@@ -313,18 +327,18 @@ class _Lot:
         self.rows = 0
         self.counts: Counter = Counter()  # parked, taken, closed
 
-    def park(self, key: tuple, rows: Iterator[dict], row: dict) -> None:
-        """Park ``rows``, whose next row is ``row`` (already taken from it)."""
+    def park(self, key: tuple, rows: Iterator[dict], row: dict, keep: Any = None) -> None:
+        """Park ``rows``, whose next row is ``row`` (already taken from it); ``keep``: an
+        object the key names by ``id``."""
         ended, error = False, None
         if isinstance(rows, _Resumed):  # parked again: one pump over the reader itself
-            if row.get("line") is not None:
-                row["line"] += rows.base
+            _shift(row, rows.base)  # back to the reader's count
             pending, source, ended, error = rows.pending, rows.source, rows.ended, rows.error
             pending.appendleft(row)
         else:
             pending, source = deque([row]), rows
         base = row["line"] - 1 if row.get("line") is not None else 0
-        parked = _Parked(self, key, source, pending, base, ended, error)
+        parked = _Parked(self, key, source, pending, base, ended, error, keep)
         with self.lock:
             if key in self.parked:  # cannot happen within one pull; keep the first
                 parked = None
@@ -335,7 +349,13 @@ class _Lot:
         if parked is None:
             source.close()
             return
-        threading.Thread(target=parked.pump, daemon=True, name="csi-parked-read").start()
+        try:
+            threading.Thread(target=parked.pump, daemon=True, name="csi-parked-read").start()
+        except BaseException:
+            if self.drop(parked):
+                parked._release()
+            source.close()
+            raise
 
     def take(self, key: tuple) -> _Resumed | None:
         with self.lock:
@@ -364,7 +384,7 @@ PARKED = _Lot()
 
 
 def read_partitions(
-    database, dialect: str, stream: str, roots: list[tuple[str, int]], end_ns: int,
+    database, dialect: str, stream: str, roots: list[Root], end_ns: int,
     heartbeat_ms: int, *, threads: int = 8, follow_children: bool = True,
     max_attempts: int = 6, max_rows: int | None = None, max_seconds: float | None = None,
     park_reads: bool = True,
@@ -385,7 +405,7 @@ def read_partitions(
                                    heartbeat_ms, max_attempts=max_attempts)
 
     def park(token: str, start_ns: int, rows: Iterator[dict], row: dict) -> None:
-        PARKED.park(key(token, start_ns), rows, row)
+        PARKED.park(key(token, start_ns), rows, row, keep=database)
 
     yield from _Workflow(read, threads, follow_children, max_rows, max_seconds,
                          park=park if park_reads else None).rows(roots)

@@ -14,6 +14,7 @@ libraries imported inside ``read()``.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
@@ -37,7 +38,7 @@ class ChangeStreamPartition(InputPartition):
     """A group of change stream partitions (token, start_ns) that one task reads."""
 
     index: int
-    parts: list[tuple[str, int]]
+    parts: list[tuple[str, int, int]]  # token, start, its rows read before in this pull
 
 
 @dataclass
@@ -138,7 +139,8 @@ class SpannerChangeStreamDataSourceReader(DataSourceReader):
             return [ChangeStreamPartition(i, []) for i in range(self.warm_up)]
         if self.groups is not None:
             return [ChangeStreamPartition(i, g) for i, g in enumerate(self.groups)]
-        groups: list[list[tuple[str, int]]] = [[] for _ in range(min(self.tasks, len(self.parts)))]
+        n = min(self.tasks, len(self.parts))
+        groups: list[list[tuple[str, int, int]]] = [[] for _ in range(n)]
         for i, part in enumerate(self.parts):
             groups[i % len(groups)].append(part)
         return [ChangeStreamPartition(i, g) for i, g in enumerate(groups)]
@@ -161,6 +163,9 @@ class SpannerChangeStreamDataSourceReader(DataSourceReader):
             self.end_ns, self.heartbeat_ms, threads=self.threads,
             follow_children=self.follow, max_attempts=self.max_attempts,
             max_rows=self.max_rows, max_seconds=self.max_seconds,
+            # A stopped read is parked for the next task of this process only where the
+            # process outlives its task (Spark's worker reuse, on by default, says so here).
+            park_reads=os.environ.get("SPARK_REUSE_WORKER") == "1",
         )
         for batch in batched(rows, STREAM_BATCH_ROWS):
             yield to_arrow_batch(batch)
