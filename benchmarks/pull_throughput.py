@@ -304,13 +304,30 @@ def _row_ts(record: dict) -> int:
                     or body.get("start_timestamp"))
 
 
+def encode_partitions(server, world, dialect: str, tokens=None) -> dict[str | None, int]:
+    """Encode ahead the responses of the initial query (token None) and of each partition's
+    query from its start, as the project's pull asks them (``tokens``: only those); the
+    number of responses of each."""
+    from spark_backend.spanner.reader import _params, query_text
+
+    sql = query_text(dialect, world.stream)
+    queries = [(None, world.start), *((p.token, p.start) for p in world.partitions)]
+    responses: dict[str | None, int] = {}
+    for token, start in queries:
+        if tokens is not None and token not in tokens:
+            continue
+        params, _ = _params(dialect, token, start, world.end, HEARTBEAT_MS)
+        rows = list(world.query(token, start, world.end, HEARTBEAT_MS))
+        responses[token] = server.encode_ahead(token, start, rows, _query_key(sql, params))
+    return responses
+
+
 def serve(scale: float, dialect: str, latency_ms: float) -> None:
     """Build the world, encode ahead the responses of every query of the project's pull,
     compute the critical-path bound, print one JSON line, serve until stdin closes."""
     import gc
 
     from spark_backend.demo.world import build_world
-    from spark_backend.spanner.reader import _params, query_text
 
     # The world and the responses encoded ahead live as long as the server: Python's cyclic
     # collector only walks them again and again while they are built (a 1M-record world:
@@ -319,12 +336,7 @@ def serve(scale: float, dialect: str, latency_ms: float) -> None:
     gc.disable()
     world = build_world(seed=7, scale=scale)
     server = _bench_server(world, dialect, latency_ms)
-    sql = query_text(dialect, world.stream)
-    responses: dict[str | None, int] = {}
-    for token, start in [(None, world.start), *((p.token, p.start) for p in world.partitions)]:
-        params, _ = _params(dialect, token, start, world.end, HEARTBEAT_MS)
-        rows = list(world.query(token, start, world.end, HEARTBEAT_MS))
-        responses[token] = server.encode_ahead(token, start, rows, _query_key(sql, params))
+    responses = encode_partitions(server, world, dialect)
     # Longest chain: a partition starts once the initial query and all its parents are done.
     done: dict[str, int] = {}
     by_token = {p.token: p for p in world.partitions}

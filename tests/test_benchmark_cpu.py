@@ -4,14 +4,18 @@ pull's CPU per process kind must be the CPU the processes really used."""
 import subprocess
 import sys
 
+import pytest
+
 from tests.support.benchmarks import load_benchmark
+
+
+@pytest.fixture(scope="module")
+def bench():
+    return load_benchmark("pull_throughput")
+
 
 BURN = ("end = time.process_time() + 0.6\n"
         "while time.process_time() < end: pass\n")
-
-
-def _bench():
-    return load_benchmark("pull_throughput")
 
 
 def _measured(bench, code: str) -> tuple[dict, dict]:
@@ -31,14 +35,13 @@ def _measured(bench, code: str) -> tuple[dict, dict]:
     return before, after
 
 
-def test_cpu_of_the_measured_process_itself():
-    bench = _bench()
+def test_cpu_of_the_measured_process_itself(bench):
     before, after = _measured(bench, "import time\nprint('ready', flush=True)\ninput()\n"
                               + BURN + "print('done', flush=True)\ninput()\n")
     assert 0.55 <= after["driver"] - before["driver"] <= 1.0, (before, after)
 
 
-def test_workers_a_spark_daemon_forked_and_reaped_count_as_workers():
+def test_workers_a_spark_daemon_forked_and_reaped_count_as_workers(bench):
     # The root starts a "daemon" (its command line names pyspark.daemon), which forks a
     # worker that burns 0.6 s of CPU and exits: its CPU is then only the daemon's children's.
     daemon = ("import os, time\nprint('ready', flush=True)\ninput()\n"
@@ -48,21 +51,19 @@ def test_workers_a_spark_daemon_forked_and_reaped_count_as_workers():
               "os.waitpid(pid, 0)\nprint('done', flush=True)\ninput()\n")
     root = (f"import subprocess, sys\nsubprocess.run([sys.executable, '-c', {daemon!r}, "
             "'pyspark.daemon'])\n")
-    before, after = _measured(_bench(), root)
+    before, after = _measured(bench, root)
     worker = after.get("python worker", 0.0) - before.get("python worker", 0.0)
     assert 0.55 <= worker <= 1.0, (before, after)
     assert after["daemon"] - before["daemon"] < 0.2, (before, after)
 
 
-def test_the_memory_sampler_is_counted_apart_from_the_driver():
-    bench = _bench()
+def test_the_memory_sampler_is_counted_apart_from_the_driver(bench):
     spent = bench._cpu_spent({"driver": 10.0, "JVM": 5.0},
                              {"driver": 14.0, "JVM": 6.0, "python worker": 3.0}, sampler=0.5)
     assert spent == {"driver": 3.5, "memory sampler": 0.5, "JVM": 1.0, "python worker": 3.0}
 
 
-def test_cpu_line_gives_cores_and_microseconds_per_record():
-    bench = _bench()
+def test_cpu_line_gives_cores_and_microseconds_per_record(bench):
     runs = [{"seconds": 10.0, "rows": 100_000, "cpu_s": {"driver": 4.0, "JVM": 1.0}},
             {"seconds": 20.0, "rows": 100_000, "cpu_s": {"driver": 1.0}},
             {"seconds": 5.0, "rows": 100_000, "cpu_s": {"driver": 1.0}}]

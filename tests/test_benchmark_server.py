@@ -9,27 +9,20 @@ import pytest
 
 from spark_backend.demo.world import build_world
 from spark_backend.spanner.connect import SpannerTarget, open_database
-from spark_backend.spanner.reader import _params, query_text, read_partition_rows
+from spark_backend.spanner.reader import read_partition_rows
 from tests.support.benchmarks import load_benchmark
-
-
-def _bench():
-    return load_benchmark("pull_throughput")
 
 
 @pytest.mark.parametrize("dialect", ["googlesql", "postgresql"])
 def test_a_continued_partition_gets_its_records_from_the_start_and_none_before(dialect):
-    bench = _bench()
+    bench = load_benchmark("pull_throughput")
     world = build_world(seed=7)
     server = bench._bench_server(world, dialect, 0.0)
-    sql = query_text(dialect, world.stream)
     # The partition whose records are chunked in the longest run of responses without a row
     # beginning at their start (the old server went back to the start of such a run).
+    bench.encode_partitions(server, world, dialect, {p.token for p in world.partitions})
     runs = {}
     for p in world.partitions:
-        params, _ = _params(dialect, p.token, p.start, world.end, bench.HEARTBEAT_MS)
-        rows = list(world.query(p.token, p.start, world.end, bench.HEARTBEAT_MS))
-        server.encode_ahead(p.token, p.start, rows, bench._query_key(sql, params))
         _, begins_in, begins_at, _ = server.ahead[p.token]
         runs[p.token] = max(b - a for a, b in zip(begins_in, begins_in[1:]))
     token = max(runs, key=runs.get)
