@@ -75,9 +75,10 @@ class PullRequest:
     max_attempts: int = 6
     threads_per_task: int = 64          # partitions a task reads at once (they mostly wait)
     # A task's budget: it stops its reads after this many rows or seconds. It bounds what one
-    # task hands to the driver (and what waits there for the landing), and each end costs
-    # the reads it stops (in a 1M-record pull at 20 ms: ~0.25 s from a read's stop to its
-    # query in the next task, and the row it stopped on is read twice; 35-40 such ends on
+    # task hands to the driver (and what waits there for the landing), and each end cost
+    # the reads it stopped before they were parked for the next task (workflow.py; in a
+    # 1M-record pull at 20 ms: ~0.25 s from a read's stop to its query in the next task,
+    # and the row it stopped on was read twice; 35-40 such ends on
     # the longest chain of a pull of 16,384 rows / 5 s). 16,384 / 5 s -> 32,768 / 8 s: that
     # pull in 147.3 / 147.0 s instead of 155.8 / 156.3 (sessions reused in both; ~43 jobs
     # instead of ~81), its peak PSS ~10-20 MB higher (README, "Memory of a pull", with the
