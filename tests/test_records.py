@@ -157,6 +157,146 @@ def test_googlesql_positional_structs_are_named_from_metadata():
     assert from_change_record(initial, None)["kind"] == "child_partitions"
 
 
+
+# --- the direct decoder of GoogleSQL rows (reader._row_decoder) against the general way -------
+
+
+def _gsql_shapes():
+    from pathlib import Path
+
+    from google.cloud.spanner_v1 import ResultSetMetadata
+
+    shapes = Path(__file__).parent.parent / "fixtures" / "emulator_shapes"
+    meta = json.loads((shapes / "googlesql_metadata.json").read_text())
+    values = json.loads((shapes / "googlesql_values.json").read_text())
+    metadata = ResultSetMetadata.from_json(json.dumps(
+        {"rowType": {"fields": [_camel(meta["row_type"]["fields"][0])]}}))
+    return metadata.row_type.fields, values
+
+
+def _value(obj):
+    from google.protobuf import json_format, struct_pb2
+
+    return json_format.ParseDict(obj, struct_pb2.Value())
+
+
+def _both_ways(fields, obj, token="p0"):
+    """The general way's row (decode, then ``to_row``) and the row decoder's, or the
+    ``RecordError`` text of each."""
+    from spark_backend.spanner.reader import PartitionMode, _row_decoder, to_row
+
+    row = [_value(obj)]
+    out = []
+    for way in (lambda: to_row(_decoder(fields, "googlesql")(row), token,
+                               PartitionMode.IMMUTABLE),
+                lambda: _row_decoder(fields, "googlesql", token)(row)):
+        try:
+            out.append(way())
+        except RecordError as e:
+            out.append(("RecordError", str(e)))
+    return out
+
+
+def test_direct_decoder_reads_the_emulators_rows_as_the_general_way():
+    from spark_backend.spanner.reader import _fast_gsql, _field_type
+
+    fields, values = _gsql_shapes()
+    fast = _fast_gsql(_field_type(fields[0]), "p0")
+    assert fast is not None, "the emulator's metadata has the doc's shape"
+    kinds = []
+    for name in ("initial_query", "partition_0", "partition_1"):
+        for obj in values[name]:
+            general, direct = _both_ways(fields, obj)
+            assert direct == general and list(direct) == list(general)
+            row = fast(_value(obj))
+            if general["kind"] in ("data_change", "heartbeat"):
+                assert row == general  # the direct way, not the general one behind it
+            else:
+                assert row is None  # child partitions: the general way
+            kinds.append(general["kind"])
+    assert {"data_change", "heartbeat", "child_partitions"} <= set(kinds)
+
+
+def _change_with(index, value):
+    """The emulator's data change row with its record's field ``index`` set to ``value``."""
+    _, values = _gsql_shapes()
+    obj = json.loads(json.dumps(values["partition_0"][0]))
+    obj[0][0][0][index] = value
+    return obj
+
+
+@pytest.mark.parametrize("index,value", [
+    (0, None), (0, "yesterday"), (0, "2026-11-21T19:45:47.8446891234Z"), (0, True),
+    (0, "2026-11-21T19:45:47Z"), (0, " 2026-11-21T19:45:47.5Z"),
+    (1, None), (1, 5), (2, None),
+    (3, None), (3, "true"), (3, False),
+    (4, None), (4, ""), (4, 7),
+    (5, None), (5, "x"), (5, []), (5, [["A", "not json", True, "1"]]),
+    (5, [["A", '{"code":"STRING"}', True, "first"]]), (5, [None]),
+    (6, None), (6, []), (6, "x"), (6, [None]), (6, [["{}", "{}"]]),
+    (6, [["not json", "{}", "{}"]]), (6, [[' {"a":1} ', "", None]]), (6, [["{}", 5, "{}"]]),
+    (6, [['{"a":1}', '{"b":[1,2.5,"\u00e9"]}', "{}"], ['{"z":1,"a":2}', "{}", "{}"]]),
+    (6, [['{"a":1} x', "{}", "{}"]]), (6, [["\ufeff{}", "{}", "{}"]]),
+    (7, None), (7, "UPSERT"), (7, "DELETE"),
+    (8, None), (8, 3),
+    (9, None), (9, "x"), (9, ""), (9, " 4 "), (10, None), (10, True),
+    (11, None), (11, "tag"), (12, None), (12, "false"), (12, True),
+])
+def test_direct_decoder_matches_the_general_way_on_odd_values(index, value):
+    """Whatever a value is, the row decoder gives the general way's row, or its error; and
+    where the direct way takes a row itself, it gives that same row."""
+    from spark_backend.spanner.reader import _fast_gsql, _field_type
+
+    fields, _ = _gsql_shapes()
+    obj = _change_with(index, value)
+    general, direct = _both_ways(fields, obj)
+    assert direct == general
+    row = _fast_gsql(_field_type(fields[0]), "p0")(_value(obj))
+    if row is not None:
+        assert row == general
+    if (index, value) in _TAKEN_DIRECTLY:
+        assert row is not None
+
+
+# odd values that are still the doc's kinds: the direct way reads them itself
+_TAKEN_DIRECTLY = [(0, "2026-11-21T19:45:47Z"), (3, None), (3, False), (4, None), (4, ""),
+                   (7, "DELETE"), (9, " 4 "), (10, None), (11, None), (12, None), (12, True),
+                   (6, None), (6, []), (5, []), (8, None)]
+
+
+@pytest.mark.parametrize("obj", [
+    None, [], [None], [[]], [[None, [], []]], [[[], [], []]], [[[None], [], []]],
+    [[[], [["2026-11-21T19:45:48Z"]], []]], [[[], [[None]], []]], [[None, [["x"]], None]],
+    [[[], [["2026-11-21T19:45:48.25Z", "extra"]], []]],
+])
+def test_direct_decoder_matches_the_general_way_on_odd_records(obj):
+    fields, _ = _gsql_shapes()
+    general, direct = _both_ways(fields, obj)
+    assert direct == general
+
+
+def test_parse_ns_remembers_seconds_but_checks_every_text():
+    from spark_backend.model import timestamps
+    from spark_backend.model.timestamps import TimestampError
+
+    timestamps._SECONDS.clear()
+    first = parse_ns("2026-11-21T19:45:47.844689Z")
+    assert timestamps._SECONDS  # the second is remembered
+    assert parse_ns("2026-11-21T19:45:47.844689Z") == first
+    assert parse_ns("2026-11-21T19:45:47.5Z") == first - 344_689_000
+    assert parse_ns("2026-11-21T19:45:47.123456789Z") == first - 721_232_211
+    assert parse_ns("1969-12-31T23:59:59.5Z") == -500_000_000
+    assert parse_ns("1969-12-31T23:59:59.25Z") == -750_000_000  # its second remembered
+    for bad in ("2026-11-21T19:45:47.1234567891Z", "2026-11-21T19:45:47.12x4Z",
+                "2026-11-21T19:45:47.Z", "2026-11-21T19:45:47.\u00b2Z"):
+        with pytest.raises(TimestampError):
+            parse_ns(bad)
+    # other forms are read as before
+    assert parse_ns("2026-11-21T19:45:47Z") == first - 844_689_000
+    assert parse_ns("2026-11-21T20:45:47.844689+01:00") == first
+    assert parse_ns(" 2026-11-21T19:45:47.844689Z ") == first
+
+
 def _camel(obj):
     """The captured metadata uses proto-plus names (type_); the JSON mapping wants camelCase."""
     if isinstance(obj, dict):

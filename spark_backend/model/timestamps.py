@@ -19,6 +19,26 @@ class TimestampError(ValueError):
 
 def parse_ns(text: str) -> int:
     """'2022-09-27T12:30:00.123456789Z' -> nanoseconds since the epoch (UTC if no offset)."""
+    # Spanner's own form, 'YYYY-MM-DDTHH:MM:SS.fffffffffZ': the records of a stream share
+    # their seconds, so the seconds of a date and time already read are looked up.
+    if len(text) > 21 and text[-1] == "Z" and text[19] == ".":
+        seconds = _SECONDS.get(text[:19])
+        frac = text[20:-1]
+        if seconds is not None and len(frac) <= 9 and frac.isdecimal():
+            return seconds + int(frac.ljust(9, "0"))
+    ns = _parse_ns(text)
+    if len(text) > 21 and text[-1] == "Z" and text[19] == "." and text[0].isdecimal():
+        if len(_SECONDS) >= 4096:
+            _SECONDS.clear()
+        _SECONDS[text[:19]] = ns - ns % NS_PER_S
+    return ns
+
+
+# 'YYYY-MM-DDTHH:MM:SS' of a valid timestamp read before -> its seconds, in nanoseconds
+_SECONDS: dict[str, int] = {}
+
+
+def _parse_ns(text: str) -> int:
     m = _RFC3339.match(text.strip())
     if not m:
         raise TimestampError(

@@ -261,7 +261,7 @@ def _decoder(fields_pb, dialect: str):
 
             raw = json_format.ParseDict(raw, struct_pb2.Value())
         records = decode_column(raw) or []
-        if not records:
+        if not records or records[0] is None:  # a null record: malformed, as an empty one
             return {}
         record = records[0]
         out = {}
@@ -279,6 +279,243 @@ def to_row(record: dict[str, Any], token: str | None, mode: PartitionMode) -> di
     if mode is PartitionMode.MUTABLE:
         return from_stream_record(record, token)
     return from_change_record(record, token)
+
+
+def _row_decoder(fields_pb, dialect: str, token: str | None):
+    """Row (raw protobuf values) -> one flat row of ``token``'s partition; a malformed record
+    raises ``RecordError`` with the decoded record as ``record`` (for the bad row's text).
+
+    GoogleSQL's data change and heartbeat records in the immutable mode (nearly every row of a
+    read) go straight from the protobuf values to the row (:func:`_fast_gsql`), without the
+    nested dicts of :func:`_decoder`; every other row, and any value that is not as the doc
+    says, takes the general way: :func:`_decoder`, then :func:`to_row`. Both ways give the
+    same row."""
+    mode = stream_mode(fields_pb)
+    decode = _decoder(fields_pb, dialect)
+    fast = (_fast_gsql(_field_type(fields_pb[0]), token)
+            if dialect == "googlesql" and mode is PartitionMode.IMMUTABLE else None)
+
+    def general(row):
+        record = decode(row)
+        try:
+            return to_row(record, token, mode)
+        except RecordError as e:
+            e.record = record
+            raise
+
+    if fast is None:
+        return general
+
+    def row_of(row):
+        raw = row[0]
+        out = fast(raw) if hasattr(raw, "WhichOneof") else None
+        return out if out is not None else general(row)
+    return row_of
+
+
+# The fields of GoogleSQL's data_change_record a row needs, with their type codes (the doc's
+# table: STRING 6, TIMESTAMP 4, BOOL 1, INT64 2, JSON 11, ARRAY 8). ``_fast_gsql`` is used only
+# when a result's metadata has the required ones with these types.
+_DC_REQUIRED = {"commit_timestamp": 4, "record_sequence": 6, "server_transaction_id": 6,
+                "table_name": 6, "mod_type": 6, "column_types": 8, "mods": 8}
+_DC_OPTIONAL = {"is_last_record_in_transaction_in_partition": 1, "value_capture_type": 6,
+                "number_of_records_in_transaction": 2, "number_of_partitions_in_transaction": 2,
+                "transaction_tag": 6, "is_system_transaction": 1}
+_MOD_FIELDS = ("keys", "new_values", "old_values")
+_MOD_TYPES = frozenset({"INSERT", "UPDATE", "DELETE"})
+
+
+def _struct_fields(type_pb, code: int = 9) -> dict[str, Any] | None:
+    """name -> Type of a STRUCT's fields (of an ARRAY<STRUCT> when ``code`` is 8)."""
+    if int(type_pb.code) != code:
+        return None
+    if code == 8:
+        return _struct_fields(type_pb.array_element_type)
+    return {f.name: _field_type(f) for f in type_pb.struct_type.fields}
+
+
+def _positions(type_pb) -> dict[str, int]:
+    return {f.name: i for i, f in enumerate(type_pb.struct_type.fields)}
+
+
+def _fast_gsql(column_type, token: str | None):
+    """The direct decoder of :func:`_row_decoder` for one result's column type, or None when
+    the metadata is not the doc's shape. It returns None for a row it does not take (a child
+    partitions record, a null or missing value where the doc has one, anything unusual): the
+    general way then decodes that row, and reports it if it is malformed."""
+    from spark_backend.model.records import canonical_json
+    from spark_backend.model.timestamps import parse_ns
+
+    record = _struct_fields(column_type, 8)
+    if record is None or "data_change_record" not in record or "heartbeat_record" not in record:
+        return None
+    dc, hb = _struct_fields(record["data_change_record"], 8), _struct_fields(
+        record["heartbeat_record"], 8)
+    if dc is None or hb is None or int(hb.get("timestamp", _NO_TYPE).code) != 4:
+        return None
+    if any(int(dc.get(n, _NO_TYPE).code) != c for n, c in _DC_REQUIRED.items()) or any(
+            n in dc and int(dc[n].code) != c for n, c in _DC_OPTIONAL.items()):
+        return None
+    mod = _struct_fields(dc["mods"], 8)
+    if mod is None or any(int(mod.get(n, _NO_TYPE).code) != 11 for n in _MOD_FIELDS):
+        return None
+    at_record = _positions(column_type.array_element_type)
+    record_width, i_dc, i_hb = len(at_record), at_record["data_change_record"], \
+        at_record["heartbeat_record"]
+    at_dc = _positions(record["data_change_record"].array_element_type)
+    dc_width = len(at_dc)
+    (i_ts, i_seq, i_txn, i_table, i_type, i_types, i_mods) = (at_dc[n] for n in _DC_REQUIRED)
+    (i_last, i_capture, i_records, i_parts, i_tag, i_system) = (
+        at_dc.get(n) for n in _DC_OPTIONAL)
+    at_hb = _positions(record["heartbeat_record"].array_element_type)
+    hb_width, i_hb_ts = len(at_hb), at_hb["timestamp"]
+    at_mod = _positions(dc["mods"].array_element_type)
+    mod_width = len(at_mod)
+    i_keys, i_new, i_old = (at_mod[n] for n in _MOD_FIELDS)
+    column_types = _value_decoder(dc["column_types"])
+    types_seen: dict[bytes, str] = {}
+    scan, loads = json.decoder.JSONDecoder().scan_once, json.loads
+
+    def text(v, required: bool = False):
+        """A STRING-coded value: its text, None for null; ``_SKIP`` for any other kind (and
+        for null where ``required``)."""
+        s = v.string_value
+        if s:
+            return s
+        kind = v.WhichOneof("kind")
+        if kind == "string_value":
+            return s
+        return _SKIP if required or kind != "null_value" else None
+
+    def flag(v):
+        if v.bool_value:
+            return True
+        kind = v.WhichOneof("kind")
+        return False if kind == "bool_value" else None if kind == "null_value" else _SKIP
+
+    def count(v):
+        s = text(v)
+        if s is None or s is _SKIP:
+            return s
+        try:
+            return int(s)
+        except ValueError:
+            return _SKIP
+
+    def json_value(v):
+        """A JSON value's object (``{}`` for null or empty, as ``records._json_object``);
+        raises ValueError for bad JSON, ``_SKIP`` for a value of another kind."""
+        s = text(v)
+        if not s:
+            return {} if s is not _SKIP else s
+        try:  # the C scanner without ``json.loads``'s two Python calls around it
+            obj, end = scan(s, 0)
+        except StopIteration:
+            return loads(s)  # leading space, or not JSON: as json.loads has it
+        return obj if end == len(s) else loads(s)
+
+    def types_text(v):
+        key = v.SerializeToString()
+        out = types_seen.get(key)
+        if out is None:
+            from spark_backend.model.records import _column_types_json
+
+            try:
+                out = _column_types_json(column_types(v))
+            except (AttributeError, KeyError, TypeError, ValueError):
+                return _SKIP
+            if len(types_seen) >= 1024:
+                types_seen.clear()
+            types_seen[key] = out
+        return out
+
+    def first(v, width: int):
+        """The first element of an ARRAY<STRUCT> value, as its list of values (None: empty or
+        null, ``_SKIP``: anything else)."""
+        kind = v.WhichOneof("kind")
+        if kind != "list_value":
+            return None if kind == "null_value" else _SKIP
+        items = v.list_value.values
+        if not items:
+            return None
+        item = items[0]
+        if item.WhichOneof("kind") != "list_value":
+            return _SKIP
+        values = item.list_value.values
+        return values if len(values) == width else _SKIP
+
+    def mods_text(v):
+        kind = v.WhichOneof("kind")
+        if kind != "list_value":
+            return canonical_json([]) if kind == "null_value" else _SKIP
+        mods = []
+        for m in v.list_value.values:
+            if m.WhichOneof("kind") != "list_value":
+                return _SKIP
+            mv = m.list_value.values
+            if len(mv) != mod_width:
+                return _SKIP
+            keys, new, old = json_value(mv[i_keys]), json_value(mv[i_new]), json_value(mv[i_old])
+            if keys is _SKIP or new is _SKIP or old is _SKIP:
+                return _SKIP
+            mods.append({"keys": keys, "new_values": new, "old_values": old})
+        return canonical_json(mods)
+
+    def data_change(values):
+        mod_type = text(values[i_type], True)
+        if mod_type not in _MOD_TYPES:
+            return None
+        try:
+            row = {
+                "partition_token": token, "kind": "data_change",
+                "ts_ns": parse_ns(text(values[i_ts], True)),
+                "record_sequence": text(values[i_seq], True),
+                "server_transaction_id": text(values[i_txn], True),
+                "is_last_record_in_transaction_in_partition":
+                    None if i_last is None else flag(values[i_last]),
+                "table_name": text(values[i_table]),
+                "value_capture_type": None if i_capture is None else text(values[i_capture]),
+                "column_types": types_text(values[i_types]),
+                "mods": mods_text(values[i_mods]),
+                "mod_type": mod_type,
+                "number_of_records_in_transaction":
+                    None if i_records is None else count(values[i_records]),
+                "number_of_partitions_in_transaction":
+                    None if i_parts is None else count(values[i_parts]),
+                "transaction_tag": None if i_tag is None else text(values[i_tag]),
+                "is_system_transaction": None if i_system is None else flag(values[i_system]),
+            }
+        except (TypeError, ValueError):  # _SKIP as a timestamp, a bad one, or bad JSON
+            return None
+        for value in row.values():
+            if value is _SKIP:
+                return None
+        return row
+
+    def fast(raw):
+        record = first(raw, record_width)
+        if record is None or record is _SKIP:
+            return None
+        values = first(record[i_dc], dc_width)
+        if values is not None:
+            return None if values is _SKIP else data_change(values)
+        values = first(record[i_hb], hb_width)
+        if values is None or values is _SKIP:
+            return None
+        try:
+            ts_ns = parse_ns(text(values[i_hb_ts], True))
+        except (TypeError, ValueError):
+            return None
+        return {"partition_token": token, "kind": "heartbeat", "ts_ns": ts_ns}
+    return fast
+
+
+class _NoType:
+    code = 0
+
+
+_NO_TYPE = _NoType()
+_SKIP = object()  # a value the direct decoder leaves to the general way
 
 
 # --- errors ----------------------------------------------------------------------------------
@@ -505,9 +742,10 @@ def query_partition(
     heartbeat_ms: int, *, max_attempts: int = 6, backoff_s: float = 0.2,
     stats: dict | None = None, mode: str = PartitionMode.IMMUTABLE,
 ) -> Iterator[dict[str, Any]]:
-    """Change records of one partition query in arrival order: the doc's JSON shape in the
-    immutable mode, the ``ChangeStreamRecord`` JSON mapping in the mutable one. ``mode``
-    picks the PostgreSQL function; ``stats["mode"]`` tells what the result showed."""
+    """Flat rows (``records`` / ``stream_records``) of one partition query in arrival order,
+    and in place of a malformed record the ``RecordError`` saying why (its ``record`` is the
+    decoded record). ``mode`` picks the PostgreSQL function; ``stats["mode"]`` tells what the
+    result showed."""
     from google.cloud.spanner_v1.streamed import StreamedResultSet
 
     stats = stats if stats is not None else {}
@@ -525,8 +763,12 @@ def query_partition(
             for row in results:
                 if decode is None:
                     stats["mode"] = stream_mode(results.fields)
-                    decode = _decoder(results.fields, dialect)
-                yield decode(row)
+                    decode = _row_decoder(results.fields, dialect, token)
+                try:
+                    out = decode(row)
+                except RecordError as e:  # handed on: the rows after it are still read
+                    out = e
+                yield out
         except GeneratorExit:  # the reader stopped here (a task's budget): cancel the call
             reusable = True
             raise
@@ -576,13 +818,10 @@ def read_partition_rows(
             queries += 1
             records = _query_with_mode(database, dialect, stream, token, mark, window_end,
                                        heartbeat_ms, mode, max_attempts, backoff_s, stats)
-            for record in records:
-                mode = stats["mode"]
-                try:
-                    row = to_row(record, token, mode)
-                except RecordError as e:
+            for row in records:
+                if isinstance(row, RecordError):
                     yield bad_row(token or "(initial query)", arrival,
-                                  json.dumps(record, default=str), str(e))
+                                  json.dumps(row.record, default=str), str(row))
                     continue
                 identity = (row["kind"], row["ts_ns"], row.get("server_transaction_id"),
                             row.get("record_sequence"))
