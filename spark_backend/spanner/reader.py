@@ -406,8 +406,10 @@ def _fast_gsql(column_type, token: str | None):
         """A JSON value's object (``{}`` for null or empty, as ``records._json_object``);
         raises ValueError for bad JSON, ``_SKIP`` for a value of another kind."""
         s = text(v)
+        if s is _SKIP:
+            return s
         if not s:
-            return {} if s is not _SKIP else s
+            return {}
         try:  # the C scanner without ``json.loads``'s two Python calls around it
             obj, end = scan(s, 0)
         except StopIteration:
