@@ -304,18 +304,15 @@ def _row_ts(record: dict) -> int:
                     or body.get("start_timestamp"))
 
 
-def encode_partitions(server, world, dialect: str, tokens=None) -> dict[str | None, int]:
+def encode_partitions(server, world, dialect: str) -> dict[str | None, int]:
     """Encode ahead the responses of the initial query (token None) and of each partition's
-    query from its start, as the project's pull asks them (``tokens``: only those); the
-    number of responses of each."""
+    query from its start, as the project's pull asks them; the number of responses of each."""
     from spark_backend.spanner.reader import _params, query_text
 
     sql = query_text(dialect, world.stream)
     queries = [(None, world.start), *((p.token, p.start) for p in world.partitions)]
     responses: dict[str | None, int] = {}
     for token, start in queries:
-        if tokens is not None and token not in tokens:
-            continue
         params, _ = _params(dialect, token, start, world.end, HEARTBEAT_MS)
         rows = list(world.query(token, start, world.end, HEARTBEAT_MS))
         responses[token] = server.encode_ahead(token, start, rows, _query_key(sql, params))

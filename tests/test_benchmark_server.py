@@ -20,7 +20,7 @@ def test_a_continued_partition_gets_its_records_from_the_start_and_none_before(d
     server = bench._bench_server(world, dialect, 0.0)
     # The partition whose records are chunked in the longest run of responses without a row
     # beginning at their start (the old server went back to the start of such a run).
-    bench.encode_partitions(server, world, dialect, {p.token for p in world.partitions})
+    bench.encode_partitions(server, world, dialect)
     runs = {}
     for p in world.partitions:
         _, begins_in, begins_at, _ = server.ahead[p.token]

@@ -60,7 +60,7 @@ Root = tuple[str, int] | tuple[str, int, int]
 
 WAITED_S = 0.005       # a row that took longer to arrive than this came in a response of its own
 WAITED_MAX_S = 1.0     # ... and one that took this long or longer came from a quiet partition
-KEEP_SECONDS = 0.1    # how long a stopped read may pass on such rows before it stops anyway
+KEEP_SECONDS = 0.1     # how long a stopped read may pass on such rows before it stops anyway
 PARK_SECONDS = 2.0     # how long a read stopped at its task's budget waits to be taken over
 PARK_ROWS = 1024       # rows one parked read takes in meanwhile (then its source waits)
 PARKED_ROWS_MAX = 8192  # rows all parked reads of the process hold at most
