@@ -134,16 +134,8 @@ def test_postgresql_shape_with_string_numbers_and_offsets():
 
 def test_googlesql_positional_structs_are_named_from_metadata():
     """The GoogleSQL row as the emulator sends it: STRUCTs as lists, JSON as strings."""
-    from pathlib import Path
-
-    from google.cloud.spanner_v1 import ResultSetMetadata
-
-    shapes = Path(__file__).parent.parent / "fixtures" / "emulator_shapes"
-    meta = json.loads((shapes / "googlesql_metadata.json").read_text())
-    values = json.loads((shapes / "googlesql_values.json").read_text())
-    metadata = ResultSetMetadata.from_json(json.dumps(
-        {"rowType": {"fields": [_camel(meta["row_type"]["fields"][0])]}}))
-    decode = _decoder(metadata.row_type.fields, "googlesql")
+    fields, values = _gsql_shapes()
+    decode = _decoder(fields, "googlesql")
     record = decode([values["partition_0"][0]])
     dc = record["data_change_record"]
     assert dc["table_name"] == "Accounts" and dc["mod_type"] == "UPDATE"
@@ -155,7 +147,6 @@ def test_googlesql_positional_structs_are_named_from_metadata():
     assert from_change_record(heartbeat, "p1")["kind"] == "heartbeat"
     initial = decode([values["initial_query"][0]])
     assert from_change_record(initial, None)["kind"] == "child_partitions"
-
 
 
 # --- the direct decoder of GoogleSQL rows (reader._row_decoder) against the general way -------
