@@ -21,13 +21,14 @@ def parse_ns(text: str) -> int:
     """'2022-09-27T12:30:00.123456789Z' -> nanoseconds since the epoch (UTC if no offset)."""
     # Spanner's own form, 'YYYY-MM-DDTHH:MM:SS.fffffffffZ': the records of a stream share
     # their seconds, so the seconds of a date and time already read are looked up.
-    if len(text) > 21 and text[-1] == "Z" and text[19] == ".":
+    spanner_form = len(text) > 21 and text[-1] == "Z" and text[19] == "."
+    if spanner_form:
         seconds = _SECONDS.get(text[:19])
         frac = text[20:-1]
         if seconds is not None and len(frac) <= 9 and frac.isdecimal():
             return seconds + int(frac.ljust(9, "0"))
     ns = _parse_ns(text)
-    if len(text) > 21 and text[-1] == "Z" and text[19] == "." and text[0].isdecimal():
+    if spanner_form and text[0].isdecimal():
         if len(_SECONDS) >= 4096:
             _SECONDS.clear()
         _SECONDS[text[:19]] = ns - ns % NS_PER_S

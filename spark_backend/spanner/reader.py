@@ -322,7 +322,6 @@ _DC_OPTIONAL = {"is_last_record_in_transaction_in_partition": 1, "value_capture_
                 "number_of_records_in_transaction": 2, "number_of_partitions_in_transaction": 2,
                 "transaction_tag": 6, "is_system_transaction": 1}
 _MOD_FIELDS = ("keys", "new_values", "old_values")
-_MOD_TYPES = frozenset({"INSERT", "UPDATE", "DELETE"})
 
 
 def _struct_fields(type_pb, code: int = 9) -> dict[str, Any] | None:
@@ -343,7 +342,7 @@ def _fast_gsql(column_type, token: str | None):
     the metadata is not the doc's shape. It returns None for a row it does not take (a child
     partitions record, a null or missing value where the doc has one, anything unusual): the
     general way then decodes that row, and reports it if it is malformed."""
-    from spark_backend.model.records import canonical_json
+    from spark_backend.model.records import MOD_TYPES, _column_types_json, canonical_json
     from spark_backend.model.timestamps import parse_ns
 
     record = _struct_fields(column_type, 8)
@@ -420,8 +419,6 @@ def _fast_gsql(column_type, token: str | None):
         key = v.SerializeToString()
         out = types_seen.get(key)
         if out is None:
-            from spark_backend.model.records import _column_types_json
-
             try:
                 out = _column_types_json(column_types(v))
             except (AttributeError, KeyError, TypeError, ValueError):
@@ -465,7 +462,7 @@ def _fast_gsql(column_type, token: str | None):
 
     def data_change(values):
         mod_type = text(values[i_type], True)
-        if mod_type not in _MOD_TYPES:
+        if mod_type not in MOD_TYPES:
             return None
         try:
             row = {
