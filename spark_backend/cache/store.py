@@ -253,15 +253,18 @@ def rebuild_transactions(con: duckdb.DuckDBPyConnection, stream: str, touched: s
     slices = max(1, -(-int(records) // _SUMMARY_SLICE_RECORDS))
     # The slice's filter takes its numbers as UBIGINT, the type of ``hash``: bound as plain
     # integers DuckDB evaluated it ~20x slower (a 1M-record pull's summary: 8.4 s -> ~3.9 s).
+    # The lists are made distinct by ``list_distinct`` (which also drops NULLs), not by
+    # DISTINCT aggregates: those keep a hash table per list and group, and the statements of
+    # a 1M-record pull's summary took 3.3 s with them, 3.0 s without (replayed on its cache).
     for i in range(slices):
         con.execute(
             f"""INSERT INTO transactions
             SELECT stream, server_transaction_id, min(commit_timestamp), count(*),
                    max(number_of_records_in_transaction),
-                   list_sort(list_distinct(list(DISTINCT partition_token))),
+                   list_sort(list_distinct(list(partition_token))),
                    max(number_of_partitions_in_transaction),
-                   list_sort(list_distinct(list(DISTINCT table_name))),
-                   list_sort(list_distinct(list(DISTINCT mod_type))),
+                   list_sort(list_distinct(list(table_name))),
+                   list_sort(list_distinct(list(mod_type))),
                    any_value(transaction_tag), sum(coalesce(mod_count, 0))
             FROM data_change_records
             WHERE stream = $stream AND server_transaction_id IN
