@@ -291,6 +291,50 @@ def test_the_transaction_summary_matches_the_records_whether_built_per_landing_o
     deferred.close()
 
 
+def test_a_summary_brought_up_to_date_while_a_pull_lands_leaves_its_end_only_what_changed(
+        tmp_path, monkeypatch):
+    """``Cache.summarize_landed`` (a pull's lander, while it waits) summarizes what landed so
+    far and keeps the pull's mark; each later summary, the pull's end included, rebuilds only
+    the transactions that got records since. The end's rows equal a summary of all the
+    records, transactions that span the summaries included."""
+    from spark_backend.cache import ingest, store
+    from spark_backend.model.records import batched
+
+    world, rows = _demo_data_change_rows()
+    batches = [to_arrow_batch(chunk) for chunk in batched(rows, 100)]
+    cut = [len(batches) // 3 * 100, 2 * (len(batches) // 3) * 100]
+    parts = [rows[:cut[0]], rows[cut[0]:cut[1]], rows[cut[1]:]]
+    ids = [{r["server_transaction_id"] for r in part} for part in parts]
+    assert ids[0] & ids[1] and ids[1] & ids[2]  # transactions span the summaries
+    rebuilt: list[int] = []
+    rebuild = store.rebuild_transactions
+
+    def counting(con, stream, touched):
+        rebuilt.append(con.execute(f"SELECT count(*) FROM {touched}").fetchone()[0])
+        rebuild(con, stream, touched)
+
+    monkeypatch.setattr(store, "rebuild_transactions", counting)
+    monkeypatch.setattr(store, "_SUMMARY_SLICE_RECORDS", 50)  # many slices
+    cache = Cache(tmp_path / "early.duckdb")
+    cache.ensure_stream("s", system="spanner")
+    pull = cache.begin_pull("s", "test", None, None, None)
+    query = "SELECT * FROM transactions ORDER BY server_transaction_id"
+    marks = "SELECT count(*) FROM meta WHERE key LIKE 'transactions_unsummarized:%'"
+    for i, (start, end) in enumerate([(0, cut[0]), (cut[0], cut[1])]):
+        ingest.ingest_stream(cache, "s", pull, batches[start // 100:end // 100],
+                             chunk_rows=250)
+        assert cache.summarize_landed("s")
+        assert cache.con.execute(query).fetchall() == _summary_from_rows(rows[:end])
+        assert cache.con.execute(marks).fetchone() == (1,)  # the end still summarizes
+    ingest.ingest_stream(cache, "s", pull, batches[cut[1] // 100:], chunk_rows=250)
+    cache.finish_pull(pull, "complete")
+    assert cache.con.execute(query).fetchall() == _summary_from_rows(rows)
+    assert cache.con.execute(marks).fetchone() == (0,)
+    assert rebuilt == [len(ids[0]), len(ids[1]), len(ids[2])]
+    assert len(ids[1]) < len(ids[0] | ids[1])  # the second rebuilt less than all
+    cache.close()
+
+
 def _single_record_transactions(tmp_path, memory_limit: str, records: int):
     """A cache opened with ``memory_limit`` and a pull of ``records`` data records, each a
     transaction of its own, landed and not summarized yet (the pull's end does that)."""

@@ -158,6 +158,33 @@ def test_extended_pull_reads_only_the_new_span(spark, tmp_path):
     cache.close()
 
 
+def test_a_pull_that_summarizes_between_landings_ends_with_every_summary_right(
+        spark, tmp_path, monkeypatch):
+    """The lander summarizes what landed whenever a task slot idles (here at once, after any
+    record): the pull still ends with exactly the world and one right summary per
+    transaction (``test_cache`` checks what each summary rebuilds)."""
+    from spark_backend.jobs import pull
+
+    monkeypatch.setattr(pull, "EARLY_SUMMARY_IDLE_S", 0.0)
+    monkeypatch.setattr(pull, "EARLY_SUMMARY_RECORDS", 1)
+    early: list[int] = []
+    summarize_landed = Cache.summarize_landed
+
+    def counted(self, stream):
+        early.append(self.con.execute("SELECT count(*) FROM data_change_records").fetchone()[0])
+        return summarize_landed(self, stream)
+
+    monkeypatch.setattr(Cache, "summarize_landed", counted)
+    world = build_world(scale=SMALL)
+    cache = Cache(tmp_path / "early.duckdb")
+    result = run_pull(cache, PullRequest(source="demo", demo_scale=SMALL,
+                                         max_rows_per_task=2_000))
+    assert result.status == "complete", result.error
+    assert early and min(early) > 0  # ran, each time with records landed
+    assert_equals_world(cache, "DemoStream", world)
+    cache.close()
+
+
 def test_first_slice_read_here_then_spark_equals_ground_truth(spark, tmp_path):
     """The dashboard's first minute: a first slice read in this process (no Spark job), the
     rest by Spark into the same stream: the cache holds exactly the world."""

@@ -297,6 +297,9 @@ class Cache:
         _check_path(self.path, read_only)
         self.memory_limit = _memory_limit(memory_limit)
         self._settings = (_threads(threads), allocator)
+        # (stream, mark) of the summaries brought up to date while a pull still lands
+        # (``summarize_landed``): from then on only the transactions that changed are rebuilt
+        self._summarized_early: set[tuple[str, str]] = set()
         self.con = _connect(self.path, read_only, self.memory_limit, *self._settings)
         try:
             _check_ours(self.con, self.path)
@@ -561,19 +564,55 @@ class Cache:
         1M-record pull's landing time (each landing updated the transactions seen in earlier
         ones, and the commit rewrote them). The pull's end (any status) rebuilds the touched
         transactions once, from all their records; a run killed before that leaves the mark,
-        and the next read-write open rebuilds them.
+        and the next read-write open rebuilds them. After ``summarize_landed`` only those
+        whose records changed since are rebuilt.
         """
+        self._summarize(stream, final=True)
+
+    def summarize_landed(self, stream: str) -> bool:
+        """While a pull still lands (its lander, with nothing to land and a Spark task slot
+        idle): bring the summary up to date with what landed so far, in a transaction of its
+        own. The mark stays, and the pull's end then rebuilds only the transactions whose
+        records changed since (found by their count: records are only ever added). False
+        when DuckDB refuses it this connection's memory (the end then does it all)."""
+        with contextlib.suppress(duckdb.TransactionException):
+            self.con.execute("CHECKPOINT")
+        try:
+            with self.transaction():
+                mark = self._summarize(stream, final=False)
+                self._bump()
+        except duckdb.OutOfMemoryException:
+            return False
+        if mark is not None:
+            self._summarized_early.add((stream, mark))
+        return True
+
+    def _summarize(self, stream: str, final: bool) -> str | None:
+        """Rebuild what the mark of ``stream`` says is out of date (or, after an earlier
+        ``summarize_landed`` of the same mark, what changed since); ``final`` removes the
+        mark. Returns the mark (None: there was none)."""
         key = _UNSUMMARIZED + stream
         row = self.con.execute("SELECT value FROM meta WHERE key = ?", [key]).fetchone()
         if row is None:
-            return
-        self.con.execute(
-            "CREATE OR REPLACE TEMP TABLE _touched AS SELECT DISTINCT server_transaction_id "
-            "AS id FROM data_change_records WHERE stream = ? AND pull_id >= ? "
-            "AND server_transaction_id IS NOT NULL", [stream, int(row[0])])
+            return None
+        touched = ("SELECT DISTINCT server_transaction_id AS id FROM data_change_records "
+                   "WHERE stream = $stream AND pull_id >= $pull AND server_transaction_id "
+                   "IS NOT NULL")
+        if (stream, row[0]) in self._summarized_early:
+            touched = f"""SELECT c.id FROM (
+                SELECT server_transaction_id AS id, count(*) AS n FROM data_change_records
+                WHERE stream = $stream AND server_transaction_id IN ({touched})
+                GROUP BY server_transaction_id) c
+              LEFT JOIN transactions t ON t.stream = $stream AND t.server_transaction_id = c.id
+              WHERE t.records_seen IS DISTINCT FROM c.n"""
+        self.con.execute(f"CREATE OR REPLACE TEMP TABLE _touched AS {touched}",
+                         {"stream": stream, "pull": int(row[0])})
         rebuild_transactions(self.con, stream, "_touched")
         self.con.execute("DROP TABLE _touched")
-        self.con.execute("DELETE FROM meta WHERE key = ?", [key])
+        if final:
+            self.con.execute("DELETE FROM meta WHERE key = ?", [key])
+            self._summarized_early.discard((stream, row[0]))
+        return row[0]
 
     @contextmanager
     def transaction(self) -> Iterator[None]:

@@ -368,6 +368,12 @@ class _Plan:
 
 _JOB_DONE = object()
 _LANDED = object()
+# The lander brings the transaction summary up to date while the pull still reads (instead of
+# all at its end) once a Spark task slot has been idle this long with nothing to land, and at
+# least this many records landed since it last did: at a pull's tail, where the last
+# partitions' chains hold it and cores idle (see ``_Lander``).
+EARLY_SUMMARY_IDLE_S = 2.0
+EARLY_SUMMARY_RECORDS = 100_000
 
 
 class _Jobs:
@@ -479,6 +485,8 @@ class _Lander:
         self.rows = 0                       # rows waiting or landing
         self.closing = False
         self.outstanding = 0                # tasks put and not landed (the driver's count)
+        self.idle_since: float | None = None  # a task slot idle since (the driver's word)
+        self.summarized_at = 0              # records landed at the last early summary
         self.thread = threading.Thread(target=self._run, daemon=True, name="pull-lander")
         self.thread.start()
 
@@ -498,16 +506,54 @@ class _Lander:
             self.changed.notify_all()
         self.thread.join()
 
+    def slot_idle(self, idle: bool) -> None:
+        """The driver's word after each event: a Spark task slot has nothing to run (or not)."""
+        with self.changed:
+            if not idle:
+                self.idle_since = None
+            elif self.idle_since is None:
+                self.idle_since = time.monotonic()
+                self.changed.notify_all()
+
+    def _summary_due_in(self) -> float | None:
+        """Seconds until the summary of what landed is due (0: now; None: not as things are)."""
+        if (self.idle_since is None
+                or self.total.records - self.summarized_at < EARLY_SUMMARY_RECORDS):
+            return None
+        return max(0.0, self.idle_since + EARLY_SUMMARY_IDLE_S - time.monotonic())
+
+    def _summarize_landed(self) -> Any:
+        """The summary brought up to date with what landed (``Cache.summarize_landed``), on
+        this thread, between landings; a failure of the cache's is the pull's, as a landing's."""
+        self.summarized_at = self.total.records
+        try:
+            self.cache.summarize_landed(self.stream)
+        except duckdb.Error as e:
+            error = CacheError(_cache_failed(self.cache, e, "summarizing the transactions landed"))
+            error.__cause__ = e
+            return error
+        finally:
+            _give_back_memory()
+        return None
+
     def _run(self) -> None:
         from spark_backend.cache.ingest import ingest_stream
 
         while True:
             with self.changed:
                 while not self.waiting and not self.closing:
-                    self.changed.wait()
-                if not self.waiting:
+                    due = self._summary_due_in()
+                    if due == 0:
+                        break
+                    self.changed.wait(due)
+                if not self.waiting and self.closing:
                     return
-                pieces = self.waiting.pop(0)
+                pieces = self.waiting.pop(0) if self.waiting else None
+            if pieces is None:
+                error = self._summarize_landed()
+                if error is not None:
+                    self.events.put((None, error))
+                continue
             rows = sum(p.rows for p in pieces)
             batches: list[Any] = []  # decoded only now: until here they wait compressed
             try:
@@ -618,6 +664,7 @@ def _read_all(spark, cache, stream, pull_id, src, request, parts, end_ns, report
                                         result.records + arrived, f"job {number}: reading"))
                     lander.put(results)
             launch()
+            lander.slot_idle(jobs.free_slots() > 0)
     except InspectorError:
         jobs.cancel()
         raise
