@@ -371,7 +371,10 @@ _LANDED = object()
 # The lander brings the transaction summary up to date while the pull still reads (instead of
 # all at its end) once a Spark task slot has been idle this long with nothing to land, and at
 # least this many records landed since it last did: at a pull's tail, where the last
-# partitions' chains hold it and cores idle (see ``_Lander``).
+# partitions' chains hold it and a core idles. The end then rebuilds only what changed since
+# (``Cache.summarize_landed``). A 1M-record pull of the benchmark world at 20 ms: once, with
+# 1,081,836 of its 1,087,026 records landed, 3.8 s; the end then rebuilt 4,885 transactions
+# and took 0.9 s after the reads instead of 3.5-4.6 (three pulls each, stop 45).
 EARLY_SUMMARY_IDLE_S = 2.0
 EARLY_SUMMARY_RECORDS = 100_000
 
@@ -472,7 +475,12 @@ class _Lander:
     DuckDB out of the 192MB it then had in a 1M-record pull at 2 ms). A driver that waited
     for each landing left the task slots it freed meanwhile empty (in a 1M-record pull the
     landings once took ~75% of the time, before the transaction summary moved to the pull's
-    end)."""
+    end).
+
+    While nothing waits to land and the driver reports a task slot idle for
+    ``EARLY_SUMMARY_IDLE_S`` (``slot_idle``), it brings the transaction summary up to date with
+    what landed (``EARLY_SUMMARY_RECORDS`` or more since it last did); results that arrive
+    meanwhile wait for it, as for a landing."""
 
     def __init__(self, cache, stream, pull_id, end_ns, jobs, events, max_rows):
         import threading
