@@ -362,7 +362,8 @@ def test_a_pulls_summary_gets_more_memory_than_its_landings_when_duckdb_refuses_
     records are mostly transactions of their own. The pull's end then opens the connection
     again with ``DEFAULT_MEMORY_LIMIT`` and summarizes; a limit the user set in
     ``$CSI_DUCKDB_MEMORY`` is a cap: there DuckDB's refusal stands and the mark stays (the
-    next open without it summarizes, the same way)."""
+    next open without it summarizes, the same way). A summary at the pull's tail
+    (``summarize_landed``) that DuckDB refuses leaves it all to the end."""
     from spark_backend.model.config import DEFAULT_MEMORY_LIMIT
 
     monkeypatch.delenv("CSI_DUCKDB_MEMORY", raising=False)
@@ -372,6 +373,8 @@ def test_a_pulls_summary_gets_more_memory_than_its_landings_when_duckdb_refuses_
     with pytest.raises(duckdb.OutOfMemoryException):  # it does not fit where it landed
         with cache.transaction():
             cache.summarize_transactions("s")
+    assert cache.summarize_landed("s") is False  # at a pull's tail: left to the end
+    assert cache.con.execute("SELECT count(*) FROM transactions").fetchone() == (0,)
     cache.finish_pull(pull_id, "complete")
     assert cache.memory_limit == DEFAULT_MEMORY_LIMIT
     assert cache.con.execute("SELECT count(*), sum(records_seen) FROM transactions"

@@ -365,6 +365,40 @@ def test_results_that_arrive_during_a_landing_do_not_wait_for_it(tmp_path, monke
     cache.close()
 
 
+def test_the_lander_summarizes_at_an_idle_slot_and_at_doubling_record_counts(tmp_path):
+    """The lander's early summary (``_Lander._summary_due_in``) is due once a task slot idled
+    ``EARLY_SUMMARY_IDLE_S`` and at least ``EARLY_SUMMARY_RECORDS`` records, and at least as
+    many as at the last summary, landed since: a pull whose slots idle all along summarizes at
+    doubling counts, so its summaries' scans of the pull's records stay linear in them."""
+    import queue
+    from types import SimpleNamespace
+
+    from spark_backend.jobs import pull
+
+    cache = Cache(tmp_path / "due.duckdb")
+    cache.ensure_stream("s", system="spanner")
+    pull_id = cache.begin_pull("s", "test", T0, END, 10_000)
+    lander = pull._Lander(cache, "s", pull_id, END, SimpleNamespace(started=1), queue.Queue(),
+                          max_rows=1_000)
+    first = pull.EARLY_SUMMARY_RECORDS
+    try:
+        lander.total.records = 10 * first
+        assert lander._summary_due_in() is None  # no slot idle
+        lander.idle_since = time.monotonic()
+        assert 0 < lander._summary_due_in() <= pull.EARLY_SUMMARY_IDLE_S
+        lander.idle_since = time.monotonic() - pull.EARLY_SUMMARY_IDLE_S
+        for summarized_at, records, due in [
+                (0, first - 1, False), (0, first, True),
+                (first, 2 * first - 1, False), (first, 2 * first, True),
+                (3 * first, 6 * first - 1, False), (3 * first, 6 * first, True)]:
+            lander.summarized_at, lander.total.records = summarized_at, records
+            assert (lander._summary_due_in() == 0) is due, (summarized_at, records)
+    finally:
+        lander.idle_since = None
+        lander.close()
+        cache.close()
+
+
 def _demo_batches(n_batches: int = 2, rows: int = 2_000) -> list:
     """Record batches of the demo world's own records, as a task yields them."""
     import itertools

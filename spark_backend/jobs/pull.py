@@ -370,11 +370,14 @@ _JOB_DONE = object()
 _LANDED = object()
 # The lander brings the transaction summary up to date while the pull still reads (instead of
 # all at its end) once a Spark task slot has been idle this long with nothing to land, and at
-# least this many records landed since it last did: at a pull's tail, where the last
-# partitions' chains hold it and a core idles. The end then rebuilds only what changed since
-# (``Cache.summarize_landed``). A 1M-record pull of the benchmark world at 20 ms: once, with
-# 1,081,836 of its 1,087,026 records landed, 3.8 s; the end then rebuilt 4,885 transactions
-# and took 0.9 s after the reads instead of 3.5-4.6 (three pulls each, stop 45).
+# least this many records landed since it last did, and at least as many as had landed then:
+# at a pull's tail, where the last partitions' chains hold it and a core idles. The end then
+# rebuilds only what changed since (``Cache.summarize_landed``). Each summary looks at all the
+# pull's records to find what changed, so a pull whose slots idle all along (a stream of one
+# partition) summarizes at 100k, 200k, 400k, ... records: its summaries add up to at most
+# about twice the end's work, not to the square of the records. The benchmark's 1M-record
+# pull at 20 ms: once, with 1,081,836 of its 1,087,026 records landed, 3.8 s; the end then rebuilt
+# 4,885 transactions and took 0.9 s after the reads instead of 3.5-4.6 (stop 45).
 EARLY_SUMMARY_IDLE_S = 2.0
 EARLY_SUMMARY_RECORDS = 100_000
 
@@ -479,8 +482,8 @@ class _Lander:
 
     While nothing waits to land and the driver reports a task slot idle for
     ``EARLY_SUMMARY_IDLE_S`` (``slot_idle``), it brings the transaction summary up to date with
-    what landed (``EARLY_SUMMARY_RECORDS`` or more since it last did); results that arrive
-    meanwhile wait for it, as for a landing."""
+    what landed (``EARLY_SUMMARY_RECORDS`` or more since it last did, and as many as had landed
+    then); results that arrive meanwhile wait for it, as for a landing."""
 
     def __init__(self, cache, stream, pull_id, end_ns, jobs, events, max_rows):
         import threading
@@ -525,8 +528,8 @@ class _Lander:
 
     def _summary_due_in(self) -> float | None:
         """Seconds until the summary of what landed is due (0: now; None: not as things are)."""
-        if (self.idle_since is None
-                or self.total.records - self.summarized_at < EARLY_SUMMARY_RECORDS):
+        since = self.total.records - self.summarized_at
+        if self.idle_since is None or since < max(EARLY_SUMMARY_RECORDS, self.summarized_at):
             return None
         return max(0.0, self.idle_since + EARLY_SUMMARY_IDLE_S - time.monotonic())
 
