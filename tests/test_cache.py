@@ -320,7 +320,7 @@ def test_a_summary_brought_up_to_date_while_a_pull_lands_leaves_its_end_only_wha
     pull = cache.begin_pull("s", "test", None, None, None)
     query = "SELECT * FROM transactions ORDER BY server_transaction_id"
     marks = "SELECT count(*) FROM meta WHERE key LIKE 'transactions_unsummarized:%'"
-    for i, (start, end) in enumerate([(0, cut[0]), (cut[0], cut[1])]):
+    for start, end in [(0, cut[0]), (cut[0], cut[1])]:
         ingest.ingest_stream(cache, "s", pull, batches[start // 100:end // 100],
                              chunk_rows=250)
         assert cache.summarize_landed("s")
