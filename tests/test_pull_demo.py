@@ -160,9 +160,9 @@ def test_extended_pull_reads_only_the_new_span(spark, tmp_path):
 
 def test_a_pull_that_summarizes_between_landings_ends_with_every_summary_right(
         spark, tmp_path, monkeypatch):
-    """The lander summarizes what landed whenever a task slot idles (here at once, after any
-    record): the pull still ends with exactly the world and one right summary per
-    transaction (``test_cache`` checks what each summary rebuilds)."""
+    """The lander summarizes what landed whenever a task slot idles (here at once, from the
+    first record on, then at doubling counts): the pull still ends with exactly the world and
+    one right summary per transaction (``test_cache`` checks what each summary rebuilds)."""
     from spark_backend.jobs import pull
 
     monkeypatch.setattr(pull, "EARLY_SUMMARY_IDLE_S", 0.0)

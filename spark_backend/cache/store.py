@@ -13,7 +13,7 @@ import os
 import re
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -522,12 +522,8 @@ class Cache:
         again with ``DEFAULT_MEMORY_LIMIT``, unless ``$CSI_DUCKDB_MEMORY`` set the limit: that
         is the user's cap.
         """
-        with contextlib.suppress(duckdb.TransactionException):  # another's write in progress
-            self.con.execute("CHECKPOINT")
         try:
-            with self.transaction():
-                self.summarize_transactions(stream)
-                self._bump()
+            self._summarize_checkpointed(lambda: self.summarize_transactions(stream))
             return
         except duckdb.OutOfMemoryException:
             if not self._may_grow_memory():
@@ -545,6 +541,16 @@ class Cache:
         with self.transaction():
             self.summarize_transactions(stream)
             self._bump()
+
+    def _summarize_checkpointed(self, summarize: Callable[[], Any]) -> Any:
+        """``summarize()`` in a transaction of its own, after a checkpoint: the landings' WAL,
+        held in memory until then, is written out first."""
+        with contextlib.suppress(duckdb.TransactionException):  # another's write in progress
+            self.con.execute("CHECKPOINT")
+        with self.transaction():
+            result = summarize()
+            self._bump()
+        return result
 
     def _may_grow_memory(self) -> bool:
         return (MEMORY_ENVVAR not in os.environ
@@ -575,12 +581,8 @@ class Cache:
         own. The mark stays, and the pull's end then rebuilds only the transactions whose
         records changed since (found by their count: records are only ever added). False
         when DuckDB refuses it this connection's memory (the end then does it all)."""
-        with contextlib.suppress(duckdb.TransactionException):
-            self.con.execute("CHECKPOINT")
         try:
-            with self.transaction():
-                mark = self._summarize(stream, final=False)
-                self._bump()
+            mark = self._summarize_checkpointed(lambda: self._summarize(stream, final=False))
         except duckdb.OutOfMemoryException:
             return False
         if mark is not None:
