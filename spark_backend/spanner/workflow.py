@@ -38,7 +38,8 @@ pull of the benchmark world, 417 of 431 parked reads were taken over). A Spark t
 results reach the driver only when the task ends, so short tasks are what lets results land as
 they come and a merge child start soon after its parents (read by different tasks) finished.
 
-Rows stream out through a bounded queue: memory does not grow with the number of records.
+Rows stream out through a bounded queue (``ROWS_QUEUED``): memory does not grow with the
+number of records.
 """
 
 from __future__ import annotations
@@ -62,8 +63,14 @@ WAITED_S = 0.005       # a row that took longer to arrive than this came in a re
 WAITED_MAX_S = 1.0     # ... and one that took this long or longer came from a quiet partition
 KEEP_SECONDS = 0.1     # how long a stopped read may pass on such rows before it stops anyway
 PARK_SECONDS = 2.0     # how long a read stopped at its task's budget waits to be taken over
-PARK_ROWS = 1024       # rows one parked read takes in meanwhile (then its source waits)
-PARKED_ROWS_MAX = 8192  # rows all parked reads of the process hold at most
+PARK_ROWS = 512        # rows one parked read takes in meanwhile (then its source waits)
+PARKED_ROWS_MAX = 4096  # rows all parked reads of the process hold at most
+# Rows the task's reads have handed on and its batching has not taken yet. A row waits there
+# as a Python dict (~1.5 KB in the 1M benchmark world); the queue fills where the stream
+# delivers faster than the task's core packs (the 1M world's first ~40 s). Halving the three
+# bounds (4,096, 1,024, 8,192 before) took the 1M pull's peak PSS ~9 MB lower at 20 and 2 ms in
+# the same times (README, "Memory of a pull"; benchmarks/MEMORY.md, stop 46).
+ROWS_QUEUED = 2048
 
 
 class _Workflow:
@@ -81,7 +88,7 @@ class _Workflow:
         self.max_seconds = max_seconds
         self.keep_seconds = keep_seconds
         self.stopping = threading.Event()
-        self.out: queue.Queue = queue.Queue(maxsize=4096)
+        self.out: queue.Queue = queue.Queue(maxsize=ROWS_QUEUED)
         self.lock = threading.Lock()
         self.finished: set[str] = set()
         self.scheduled: set[str] = set()
