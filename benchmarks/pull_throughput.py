@@ -19,7 +19,9 @@ the server is measured, not assumed, not to be the bottleneck. In the same run:
 Peak memory is sampled every 0.2 s over the pulling process and all its children (the JVM and
 Spark's Python workers), as the sum of their resident sets (pages shared by forked workers counted
 in each) and as their proportional set size (PSS: shared pages divided among their sharers, the
-memory the tree really takes). ``--demo`` also times the embedded demo world
+memory the tree really takes). ``--last-minutes M ...`` also pulls only each world's last M
+minutes from the same server (the same stream at the same density, fewer records): how the
+peak grows with the records of one stream. ``--demo`` also times the embedded demo world
 (28k rows, its own in-process server, no latency) with Spark warm.
 
     python benchmarks/pull_throughput.py --records 100000 1000000 --latency-ms 20 2 --cluster
@@ -545,6 +547,10 @@ def main() -> None:
                         help="also time the embedded demo world (28k rows) with Spark warm")
     parser.add_argument("--baseline-seconds", type=float, default=60.0,
                         help="the baseline reads this long at most (it reports a rate)")
+    parser.add_argument("--last-minutes", type=float, nargs="*", default=[], metavar="M",
+                        help="also pull only the last M minutes of each world (its stream at "
+                             "the same density, fewer records) on local[*]: how a pull's peak "
+                             "memory grows with its records at one rate")
     parser.add_argument("--memory-trace", metavar="PREFIX",
                         help="write every memory sample (seconds, PSS MB by kind) of each side "
                              "to PREFIX.<side>.jsonl, to see when the peak happens")
@@ -623,10 +629,35 @@ def _one_row(args, target: int, latency: float, cluster_url: str | None) -> list
             rows.append({"records": runs[0]["rows"], "latency": latency, "spark": name,
                          "ratio": p_rate / b_rate, "of_bound": bound / secs,
                          "pss_mb": mine.get("peak_pss_mb", 0), "cluster": bool(master)})
+        whole = rows[0]["records"]
+        for minutes in sorted(args.last_minutes):
+            rows.append(_last_minutes(args, world, latency, minutes, whole))
     finally:
         proc.stdin.close()
         proc.wait(timeout=60)
     return rows
+
+
+def _last_minutes(args, world: dict, latency: float, minutes: float, whole: int) -> dict:
+    """The project's pulls of the world's last ``minutes`` only (the same server: the same
+    stream, partitions and density, fewer records), on ``local[*]``."""
+    start = world["end"] - round(minutes * 60 * 1e9)
+    if not world["start"] < start < world["end"]:
+        raise SystemExit(f"--last-minutes {minutes:g}: the world spans "
+                         f"{(world['end'] - world['start']) / 60e9:g} minutes; give fewer.")
+    mine = _run_side("project", {**world, "start": start}, args, None)
+    runs = mine["runs"]
+    secs = _median(runs, "seconds")
+    kinds = ", ".join(f"{k} {v:,}" for k, v in sorted(mine.get("peak_pss_kinds_mb", {}).items()))
+    print(f"{runs[0]['rows']:>9,} {latency:>6g} {'':>5} {f'last {minutes:g} min':>16} "
+          f"{'':>10} {runs[0]['rows'] / secs:>10,.0f} {'':>6} {secs:>7.1f} {'':>7} {'':>8} "
+          f"{runs[0]['waves']:>5} {'':>10} {'':>7} {mine['peak_mb']:>7,.0f} "
+          f"{mine.get('peak_pss_mb', 0):>8,.0f}", flush=True)
+    print(f"{'':>9}   runs {[round(r['seconds'], 1) for r in runs]} s; PSS at the peak (MB): "
+          f"{kinds}", flush=True)
+    return {"records": runs[0]["rows"], "latency": latency, "spark": "local[*]",
+            "pss_mb": mine.get("peak_pss_mb", 0), "cluster": False, "part_of": whole,
+            "seconds": secs}
 
 
 def _cpu_line(runs: list[dict]) -> str:
@@ -648,6 +679,8 @@ def _targets(rows: list[dict], demo: list[tuple[str, float]]) -> None:
     for name, seconds in demo:
         print(f"  demo world on {name}: {seconds:.1f} s, target <= 5 s: "
               f"{'met' if seconds <= 5 else 'NOT met'}", flush=True)
+    parts = [r for r in rows if r.get("part_of")]
+    rows = [r for r in rows if not r.get("part_of")]
     for r in rows:
         if r["latency"] == 20:
             ok = r["ratio"] >= 8 and r["of_bound"] >= 0.7
@@ -670,6 +703,16 @@ def _targets(rows: list[dict], demo: list[tuple[str, float]]) -> None:
             print(f"  memory from {n0:,} to {n1:,} records at {latency:g} ms ({n1 / n0:.1f}x the "
                   f"records): {m0:,.0f} -> {m1:,.0f} MB peak PSS ({m1 - m0:+,.0f} MB, "
                   f"{m1 / m0 - 1:+.1%}); flat is the target", flush=True)
+    for r in rows:  # the same stream's last minutes: its records at one rate
+        own = sorted((p["records"], p["seconds"], p["pss_mb"]) for p in parts
+                     if p["part_of"] == r["records"] and p["latency"] == r["latency"])
+        if r["cluster"] or not own:
+            continue
+        steps = ", ".join(f"{n:,} records ({s:.0f} s) {m:,.0f} MB" for n, s, m in own)
+        m0 = own[0][2]
+        print(f"  memory within the {r['records']:,}-record world at {r['latency']:g} ms, its "
+              f"last minutes: {steps}; all of it {r['pss_mb']:,.0f} MB ({r['pss_mb'] - m0:+,.0f} "
+              f"MB, {r['pss_mb'] / m0 - 1:+.1%} from the fewest records)", flush=True)
 
 
 class _cluster_if:

@@ -52,3 +52,41 @@ def test_a_continued_partition_gets_its_records_from_the_start_and_none_before(d
             assert after["responses"] - before["responses"] == len(responses) - begins_in[r]
             assert sent == len(times) - r, f"from row {r}: {sent} rows sent, " \
                 f"{len(times) - r} from the start on"
+
+
+def test_a_pull_of_the_last_minutes_gets_exactly_the_worlds_records_from_its_start():
+    """``--last-minutes``: the project pulls a world's last minutes from the same server. The
+    initial query at that later start, every partition alive then and every child after,
+    continued from the responses encoded ahead: the records are the world's from the start
+    on, each once, and none before it."""
+    from spark_backend.demo.world import parse_ts
+    from spark_backend.spanner.workflow import read_partitions
+
+    bench = load_benchmark("pull_throughput")
+    world = build_world(seed=7)
+    server = bench._bench_server(world, "googlesql", 0.0)
+    bench.encode_partitions(server, world, "googlesql")
+    start = world.end - 10 * 60 * 10**9
+    expected = sorted((token, parse_ts(r["data_change_record"]["commit_timestamp"]),
+                       r["data_change_record"]["server_transaction_id"],
+                       r["data_change_record"]["record_sequence"])
+                      for token, r in world.all_data_change_records()
+                      if parse_ts(r["data_change_record"]["commit_timestamp"]) >= start)
+    assert 0 < len(expected) < world.num_data_change_records / 2
+    with server:
+        db = open_database(SpannerTarget("p", "i", "d", "googlesql", host=server.address))
+        initial = list(read_partition_rows(db, "googlesql", world.stream, None, start,
+                                           world.end, bench.HEARTBEAT_MS))
+        roots = [(c["token"], row["ts_ns"]) for row in initial
+                 if row["kind"] == "child_partitions"
+                 for c in __import__("json").loads(row["child_partitions"])]
+        assert len(roots) == len(world.partitions_alive_at(start))
+        before = server.counters
+        rows = list(read_partitions(db, "googlesql", world.stream, roots, world.end,
+                                    bench.HEARTBEAT_MS, park_reads=False))
+        queries = server.counters["queries"] - before["queries"]
+    got = sorted((r["partition_token"], r["ts_ns"], r["server_transaction_id"],
+                  r["record_sequence"]) for r in rows if r["kind"] == "data_change")
+    assert got == expected
+    ended = {r["partition_token"] for r in rows if r["kind"] == "partition_end"}
+    assert queries == len(ended)  # one query per partition read: no retries
