@@ -44,6 +44,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 RECORDS_PER_SCALE = 28_000  # rows (data change + heartbeats + child partitions) at scale 1.0
+WORLD_MINUTES = 60  # every world spans an hour (``spark_backend.demo.world.WORLD_DURATION``)
 HEARTBEAT_MS = 10_000
 
 
@@ -509,7 +510,10 @@ def _start_server(scale: float, dialect: str, latency_ms: float) -> tuple[subpro
     return proc, json.loads(line)
 
 
-def _run_side(role: str, world: dict | None, args, master: str | None) -> dict:
+def _run_side(role: str, world: dict | None, args, master: str | None,
+              trace: str | None = None) -> dict:
+    """One side in its own process; ``trace``: its memory trace's prefix instead of
+    ``--memory-trace``'s."""
     cmd = [sys.executable, __file__, "--role", role, "--dialect", args.dialect,
            "--baseline-seconds", str(args.baseline_seconds), "--repeat", str(args.repeat)]
     if world:
@@ -517,8 +521,8 @@ def _run_side(role: str, world: dict | None, args, master: str | None) -> dict:
                 "--start", str(world["start"]), "--end", str(world["end"])]
     if master:
         cmd += ["--master", master]
-    if args.memory_trace:
-        cmd += ["--memory-trace", args.memory_trace]
+    if trace or args.memory_trace:
+        cmd += ["--memory-trace", trace or args.memory_trace]
     out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=False)
     lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
     if out.returncode != 0 or not lines:
@@ -547,13 +551,14 @@ def main() -> None:
                         help="also time the embedded demo world (28k rows) with Spark warm")
     parser.add_argument("--baseline-seconds", type=float, default=60.0,
                         help="the baseline reads this long at most (it reports a rate)")
-    parser.add_argument("--last-minutes", type=float, nargs="*", default=[], metavar="M",
+    parser.add_argument("--last-minutes", type=float, nargs="+", default=[], metavar="M",
                         help="also pull only the last M minutes of each world (its stream at "
                              "the same density, fewer records) on local[*]: how a pull's peak "
                              "memory grows with its records at one rate")
     parser.add_argument("--memory-trace", metavar="PREFIX",
                         help="write every memory sample (seconds, PSS MB by kind) of each side "
-                             "to PREFIX.<side>.jsonl, to see when the peak happens")
+                             "to PREFIX.<side>.jsonl (a --last-minutes pull's to "
+                             "PREFIX.lastMmin.project.jsonl), to see when the peak happens")
     parser.add_argument("--role", choices=["baseline", "project", "server"],
                         help=argparse.SUPPRESS)
     parser.add_argument("--master", help=argparse.SUPPRESS)
@@ -563,6 +568,11 @@ def main() -> None:
     parser.add_argument("--start", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--end", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    world_minutes = WORLD_MINUTES
+    for minutes in args.last_minutes:
+        if not 0 < minutes < world_minutes:
+            parser.error(f"--last-minutes takes minutes between 0 and {world_minutes:g} (the "
+                         f"benchmark's worlds span {world_minutes:g} minutes), not {minutes:g}")
     os.environ.setdefault("SPANNER_DISABLE_BUILTIN_METRICS", "true")
     if args.role == "server":
         serve(args.scale, args.dialect, args.latency_ms[0])
@@ -645,7 +655,8 @@ def _last_minutes(args, world: dict, latency: float, minutes: float, whole: int)
     if not world["start"] < start < world["end"]:
         raise SystemExit(f"--last-minutes {minutes:g}: the world spans "
                          f"{(world['end'] - world['start']) / 60e9:g} minutes; give fewer.")
-    mine = _run_side("project", {**world, "start": start}, args, None)
+    trace = args.memory_trace and f"{args.memory_trace}.last{minutes:g}min"
+    mine = _run_side("project", {**world, "start": start}, args, None, trace=trace)
     runs = mine["runs"]
     secs = _median(runs, "seconds")
     kinds = ", ".join(f"{k} {v:,}" for k, v in sorted(mine.get("peak_pss_kinds_mb", {}).items()))
@@ -709,7 +720,7 @@ def _targets(rows: list[dict], demo: list[tuple[str, float]]) -> None:
         if r["cluster"] or not own:
             continue
         steps = ", ".join(f"{n:,} records ({s:.0f} s) {m:,.0f} MB" for n, s, m in own)
-        m0 = own[0][2]
+        m0 = own[0][2] or 1  # a peak is never 0 MB unless /proc could not be read
         print(f"  memory within the {r['records']:,}-record world at {r['latency']:g} ms, its "
               f"last minutes: {steps}; all of it {r['pss_mb']:,.0f} MB ({r['pss_mb'] - m0:+,.0f} "
               f"MB, {r['pss_mb'] / m0 - 1:+.1%} from the fewest records)", flush=True)

@@ -5,6 +5,9 @@ falls among records chunked over many responses."""
 
 from __future__ import annotations
 
+import json
+from types import SimpleNamespace
+
 import pytest
 
 from spark_backend.demo.world import build_world
@@ -54,7 +57,8 @@ def test_a_continued_partition_gets_its_records_from_the_start_and_none_before(d
                 f"{len(times) - r} from the start on"
 
 
-def test_a_pull_of_the_last_minutes_gets_exactly_the_worlds_records_from_its_start():
+@pytest.mark.parametrize("dialect", ["googlesql", "postgresql"])
+def test_a_pull_of_the_last_minutes_gets_exactly_the_worlds_records_from_its_start(dialect):
     """``--last-minutes``: the project pulls a world's last minutes from the same server. The
     initial query at that later start, every partition alive then and every child after,
     continued from the responses encoded ahead: the records are the world's from the start
@@ -64,8 +68,8 @@ def test_a_pull_of_the_last_minutes_gets_exactly_the_worlds_records_from_its_sta
 
     bench = load_benchmark("pull_throughput")
     world = build_world(seed=7)
-    server = bench._bench_server(world, "googlesql", 0.0)
-    bench.encode_partitions(server, world, "googlesql")
+    server = bench._bench_server(world, dialect, 0.0)
+    bench.encode_partitions(server, world, dialect)
     start = world.end - 10 * 60 * 10**9
     expected = sorted((token, parse_ts(r["data_change_record"]["commit_timestamp"]),
                        r["data_change_record"]["server_transaction_id"],
@@ -74,15 +78,15 @@ def test_a_pull_of_the_last_minutes_gets_exactly_the_worlds_records_from_its_sta
                       if parse_ts(r["data_change_record"]["commit_timestamp"]) >= start)
     assert 0 < len(expected) < world.num_data_change_records / 2
     with server:
-        db = open_database(SpannerTarget("p", "i", "d", "googlesql", host=server.address))
-        initial = list(read_partition_rows(db, "googlesql", world.stream, None, start,
+        db = open_database(SpannerTarget("p", "i", "d", dialect, host=server.address))
+        initial = list(read_partition_rows(db, dialect, world.stream, None, start,
                                            world.end, bench.HEARTBEAT_MS))
         roots = [(c["token"], row["ts_ns"]) for row in initial
                  if row["kind"] == "child_partitions"
-                 for c in __import__("json").loads(row["child_partitions"])]
+                 for c in json.loads(row["child_partitions"])]
         assert len(roots) == len(world.partitions_alive_at(start))
         before = server.counters
-        rows = list(read_partitions(db, "googlesql", world.stream, roots, world.end,
+        rows = list(read_partitions(db, dialect, world.stream, roots, world.end,
                                     bench.HEARTBEAT_MS, park_reads=False))
         queries = server.counters["queries"] - before["queries"]
     got = sorted((r["partition_token"], r["ts_ns"], r["server_transaction_id"],
@@ -90,3 +94,59 @@ def test_a_pull_of_the_last_minutes_gets_exactly_the_worlds_records_from_its_sta
     assert got == expected
     ended = {r["partition_token"] for r in rows if r["kind"] == "partition_end"}
     assert queries == len(ended)  # one query per partition read: no retries
+
+
+def test_last_minutes_pulls_the_worlds_end_and_reports_growth_within_the_stream(monkeypatch,
+                                                                                capsys):
+    """``--last-minutes``: the project side is asked for the world's last M minutes of the same
+    server (its own memory trace), and the targets print the peak's growth within the stream
+    next to the growth from the smaller world; a cluster row has none."""
+    from spark_backend.demo.world import WORLD_DURATION
+
+    bench = load_benchmark("pull_throughput")
+    assert bench.WORLD_MINUTES * 60 * 10**9 == WORLD_DURATION
+    world = {"address": "127.0.0.1:1", "stream": "S", "start": 0, "end": WORLD_DURATION}
+    asked = []
+
+    def side(role, w, args, master, trace=None):
+        asked.append((role, w["start"], w["end"], master, trace))
+        return {"runs": [{"rows": 500, "seconds": 2.0, "waves": 3}] * 3, "peak_mb": 1.0,
+                "peak_pss_mb": 990.0, "peak_pss_kinds_mb": {"driver": 300}}
+
+    monkeypatch.setattr(bench, "_run_side", side)
+    args = SimpleNamespace(memory_trace="/tmp/m")
+    row = bench._last_minutes(args, world, 20.0, 6, 1000)
+    assert asked == [("project", WORLD_DURATION - 6 * 60 * 10**9, WORLD_DURATION, None,
+                      "/tmp/m.last6min")]
+    assert row == {"records": 500, "latency": 20.0, "spark": "local[*]", "pss_mb": 990.0,
+                   "cluster": False, "part_of": 1000, "seconds": 2.0}
+    with pytest.raises(SystemExit, match="spans 60 minutes"):
+        bench._last_minutes(args, world, 20.0, 61, 1000)
+    capsys.readouterr()
+    full = {"latency": 20.0, "ratio": 8.5, "of_bound": 0.9, "spark": "local[*]"}
+    bench._targets([{**full, "records": 100, "pss_mb": 900.0, "cluster": False},
+                    {**full, "records": 1000, "pss_mb": 1000.0, "cluster": False},
+                    {**full, "records": 1000, "pss_mb": 600.0, "cluster": True,
+                     "spark": "2-worker cluster"},
+                    row], [])
+    out = capsys.readouterr().out
+    assert "memory from 100 to 1,000 records at 20 ms" in out and "+100 MB" in out
+    within = [line for line in out.splitlines() if "memory within" in line]
+    assert within == ["  memory within the 1,000-record world at 20 ms, its last minutes: "
+                      "500 records (2 s) 990 MB; all of it 1,000 MB (+10 MB, +1.0% from the "
+                      "fewest records)"]
+    assert "500 records, 20 ms, local[*]: " not in out  # a part is not a target row
+
+
+def test_last_minutes_outside_the_worlds_hour_is_refused_in_one_sentence():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, "benchmarks/pull_throughput.py", "--last-minutes",
+                          "0"], capture_output=True, text=True, timeout=60, cwd=root)
+    assert out.returncode == 2
+    assert ("--last-minutes takes minutes between 0 and 60 (the benchmark's worlds span 60 "
+            "minutes), not 0") in out.stderr
+    assert "Traceback" not in out.stderr

@@ -68,8 +68,8 @@ PARKED_ROWS_MAX = 4096  # rows all parked reads of the process hold at most
 # Rows the task's reads have handed on and its batching has not taken yet. A row waits there
 # as a Python dict (~1.5 KB in the 1M benchmark world); the queue fills where the stream
 # delivers faster than the task's core packs (the 1M world's first ~40 s). Halving the three
-# bounds (4,096, 1,024, 8,192 before) took the 1M pull's peak PSS ~9 MB lower at 20 and 2 ms in
-# the same times (README, "Memory of a pull"; benchmarks/MEMORY.md, stop 46).
+# bounds (4,096, 1,024, 8,192 before) took the 1M pull's peak PSS ~8 MB lower at 20 ms and ~15
+# at 2 ms in the same times (README, "Memory of a pull"; benchmarks/MEMORY.md, stop 46).
 ROWS_QUEUED = 2048
 
 
