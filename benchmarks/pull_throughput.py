@@ -466,7 +466,10 @@ def run_project(host: str | None, dialect: str, stream: str, start: int, end: in
                 raise SystemExit(f"pull failed: {result.error}")
             runs.append({"rows": result.records, "seconds": seconds, "waves": result.waves,
                          "partitions": result.partitions_read,
-                         "cpu_s": _cpu_spent(cpu0, cpu1, sampler1 - sampler0)})
+                         "cpu_s": _cpu_spent(cpu0, cpu1, sampler1 - sampler0),
+                         # what the pull's end summarized in: more than the landings' limit
+                         # when DuckDB refused that (the cache then opened again with more)
+                         "summary_memory": cache.memory_limit})
     return {"runs": runs}
 
 
@@ -528,6 +531,20 @@ def _run_side(role: str, world: dict | None, args, master: str | None,
     if out.returncode != 0 or not lines:
         raise SystemExit(f"{role} failed:\n{out.stderr[-3000:]}")
     return json.loads(lines[-1])
+
+
+def _summary_note(runs: list[dict]) -> str:
+    """"" when every pull's end summarized its transactions in the memory its landings had;
+    else how many needed more (DuckDB refused the pull's limit: the driver's peak then rises
+    by what the larger limit lets DuckDB take)."""
+    from spark_backend.model.config import PULL_MEMORY_LIMIT
+
+    more = [r["summary_memory"] for r in runs
+            if r.get("summary_memory", PULL_MEMORY_LIMIT) != PULL_MEMORY_LIMIT]
+    if not more:
+        return ""
+    return (f"; {len(more)} of {len(runs)} pulls summarized their transactions at {more[0]} "
+            f"(DuckDB refused {PULL_MEMORY_LIMIT})")
 
 
 def _median(runs: list[dict], key: str) -> float:
@@ -633,7 +650,7 @@ def _one_row(args, target: int, latency: float, cluster_url: str | None) -> list
                               sorted(mine.get("peak_pss_kinds_mb", {}).items()))
             print(f"{'':>9}   runs {[round(r['seconds'], 1) for r in runs]} s; server busy "
                   f"{base_server:.0%} of a core under the baseline; PSS at the peak (MB): "
-                  f"{kinds}", flush=True)
+                  f"{kinds}{_summary_note(runs)}", flush=True)
             if not master:  # on the cluster the executors are outside the measured tree
                 print(f"{'':>9}   {_cpu_line(runs)}", flush=True)
             rows.append({"records": runs[0]["rows"], "latency": latency, "spark": name,
@@ -665,7 +682,7 @@ def _last_minutes(args, world: dict, latency: float, minutes: float, whole: int)
           f"{runs[0]['waves']:>5} {'':>10} {'':>7} {mine['peak_mb']:>7,.0f} "
           f"{mine.get('peak_pss_mb', 0):>8,.0f}", flush=True)
     print(f"{'':>9}   runs {[round(r['seconds'], 1) for r in runs]} s; PSS at the peak (MB): "
-          f"{kinds}", flush=True)
+          f"{kinds}{_summary_note(runs)}", flush=True)
     return {"records": runs[0]["rows"], "latency": latency, "spark": "local[*]",
             "pss_mb": mine.get("peak_pss_mb", 0), "cluster": False, "part_of": whole,
             "seconds": secs}

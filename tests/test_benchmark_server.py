@@ -138,6 +138,31 @@ def test_last_minutes_pulls_the_worlds_end_and_reports_growth_within_the_stream(
     assert "500 records, 20 ms, local[*]: " not in out  # a part is not a target row
 
 
+def test_a_pull_whose_summary_needed_more_than_its_landings_memory_is_named(monkeypatch,
+                                                                           capsys):
+    """A pull's end that DuckDB refused the landings' ``64MB`` (the cache opened again with
+    more: the driver's peak rises with it) is named on the row's runs line; none, nothing."""
+    from spark_backend.demo.world import WORLD_DURATION
+
+    bench = load_benchmark("pull_throughput")
+    world = {"address": "127.0.0.1:1", "stream": "S", "start": 0, "end": WORLD_DURATION}
+    limits = ["64MB", "1GB", "64MB"]
+
+    def side(role, w, args, master, trace=None):
+        return {"runs": [{"rows": 500, "seconds": 2.0, "waves": 3, "summary_memory": m}
+                         for m in limits], "peak_mb": 1.0, "peak_pss_mb": 990.0,
+                "peak_pss_kinds_mb": {"driver": 300}}
+
+    monkeypatch.setattr(bench, "_run_side", side)
+    args = SimpleNamespace(memory_trace=None)
+    bench._last_minutes(args, world, 20.0, 6, 1000)
+    assert ("driver 300; 1 of 3 pulls summarized their transactions at 1GB (DuckDB refused "
+            "64MB)") in capsys.readouterr().out
+    limits[1] = "64MB"
+    bench._last_minutes(args, world, 20.0, 6, 1000)
+    assert capsys.readouterr().out.rstrip().endswith("(MB): driver 300")
+
+
 def test_last_minutes_outside_the_worlds_hour_is_refused_in_one_sentence():
     import subprocess
     import sys

@@ -306,15 +306,19 @@ def test_a_summary_brought_up_to_date_while_a_pull_lands_leaves_its_end_only_wha
     parts = [rows[:cut[0]], rows[cut[0]:cut[1]], rows[cut[1]:]]
     ids = [{r["server_transaction_id"] for r in part} for part in parts]
     assert ids[0] & ids[1] and ids[1] & ids[2]  # transactions span the summaries
-    rebuilt: list[int] = []
+    rebuilt: list[int] = []  # transactions rebuilt by each summary
+    slices: list[list[int]] = []  # ... by each of its rebuilds (a slice of their ids each)
     rebuild = store.rebuild_transactions
 
     def counting(con, stream, touched):
-        rebuilt.append(con.execute(f"SELECT count(*) FROM {touched}").fetchone()[0])
+        (n,) = con.execute(f"SELECT count(*) FROM {touched}").fetchone()
+        rebuilt[-1] += n
+        slices[-1].append(n)
         rebuild(con, stream, touched)
 
     monkeypatch.setattr(store, "rebuild_transactions", counting)
     monkeypatch.setattr(store, "_SUMMARY_SLICE_RECORDS", 50)  # many slices
+    monkeypatch.setattr(store, "_CHANGED_SLICE_RECORDS", 200)  # ... of what changed, too
     cache = Cache(tmp_path / "early.duckdb")
     cache.ensure_stream("s", system="spanner")
     pull = cache.begin_pull("s", "test", None, None, None)
@@ -323,36 +327,57 @@ def test_a_summary_brought_up_to_date_while_a_pull_lands_leaves_its_end_only_wha
     for start, end in [(0, cut[0]), (cut[0], cut[1])]:
         ingest.ingest_stream(cache, "s", pull, batches[start // 100:end // 100],
                              chunk_rows=250)
+        rebuilt.append(0)
+        slices.append([])
         assert cache.summarize_landed("s")
         assert cache.con.execute(query).fetchall() == _summary_from_rows(rows[:end])
         assert cache.con.execute(marks).fetchone() == (1,)  # the end still summarizes
     ingest.ingest_stream(cache, "s", pull, batches[cut[1] // 100:], chunk_rows=250)
+    rebuilt.append(0)
+    slices.append([])
     cache.finish_pull(pull, "complete")
     assert cache.con.execute(query).fetchall() == _summary_from_rows(rows)
     assert cache.con.execute(marks).fetchone() == (0,)
     assert rebuilt == [len(ids[0]), len(ids[1]), len(ids[2])]
     assert len(ids[1]) < len(ids[0] | ids[1])  # the second rebuilt less than all
+    # what changed since an early summary is found a slice of the transactions at a time
+    # (at once it ran out of a 1M-record pull's 64MB), by the hash of their ids
+    records = [cut[1], len(rows)]
+    for summary, n in zip(slices[1:], records, strict=True):
+        assert len(summary) == -(-n // 200), summary
+        assert 0 < max(summary) < sum(summary)
     cache.close()
+
+
+def _record_copies(records: int, per_transaction: int = 1) -> list[dict]:
+    """``records`` data records: the demo world's again, at other times, in transactions of
+    ``per_transaction`` records each."""
+    _, rows = _demo_data_change_rows()
+    copies = []
+    for i in range(records):
+        row = dict(rows[i % len(rows)])
+        row["ts_ns"] += (i // len(rows)) * 10**12
+        row["server_transaction_id"] = f"t{i // per_transaction:08d}"
+        row["record_sequence"] = f"{i % per_transaction:08d}"
+        copies.append(row)
+    return copies
+
+
+def _land(cache: Cache, pull_id: int, rows: list[dict], size: int = 1_000) -> None:
+    """``rows`` landed ``size`` at a time, a transaction each, as a pull's tasks land."""
+    from spark_backend.model.records import batched
+
+    for chunk in batched(rows, size):
+        ingest_stream(cache, "s", pull_id, [to_arrow_batch(chunk)])
 
 
 def _single_record_transactions(tmp_path, memory_limit: str, records: int):
     """A cache opened with ``memory_limit`` and a pull of ``records`` data records, each a
     transaction of its own, landed and not summarized yet (the pull's end does that)."""
-    from spark_backend.model.records import batched
-
-    _, rows = _demo_data_change_rows()
-    copies = []
-    for i in range(records):  # the world's records again, at other times, alone each
-        row = dict(rows[i % len(rows)])
-        row["ts_ns"] += (i // len(rows)) * 10**12
-        row["server_transaction_id"] = f"t{i:08d}"
-        row["record_sequence"] = "00000000"
-        copies.append(row)
     cache = Cache(tmp_path / "single.duckdb", memory_limit=memory_limit, threads=1)
     cache.ensure_stream("s", system="spanner")
     pull_id = cache.begin_pull("s", "test", None, None, None)
-    for chunk in batched(copies, 1_000):  # a transaction each, as a pull's tasks land
-        ingest_stream(cache, "s", pull_id, [to_arrow_batch(chunk)])
+    _land(cache, pull_id, _record_copies(records))
     return cache, pull_id
 
 

@@ -30,6 +30,12 @@ _UNSUMMARIZED = "transactions_unsummarized:"
 # records per statement when the summary is rebuilt: its list aggregates hold their groups in
 # memory (a whole 1M-record pull in one statement ran out of a 192MB DuckDB; 135k did not)
 _SUMMARY_SLICE_RECORDS = 100_000
+# the pull's records per slice when what changed since an early summary is found
+# (``Cache._summarize``: per slice, the ids of the transactions it touched, the records' count
+# per id and the summary's rows joined). A 1M-record pull's 458k transactions at once ran out
+# of 64MB; in slices of 400k records they fit 64MB and not 48MB, in slices of 200k 48MB too
+# (the end of that pull after an early summary: 5.1-6.0 s, 2.8-4.4 s in slices of 400k)
+_CHANGED_SLICE_RECORDS = 200_000
 
 _STREAM_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]{0,127}$")
 
@@ -592,24 +598,43 @@ class Cache:
     def _summarize(self, stream: str, final: bool) -> str | None:
         """Rebuild what the mark of ``stream`` says is out of date (or, after an earlier
         ``summarize_landed`` of the same mark, what changed since); ``final`` removes the
-        mark. Returns the mark (None: there was none)."""
+        mark. Returns the mark (None: there was none).
+
+        After an early summary, what changed since is found and rebuilt a slice of the
+        transactions' ids at a time (``_SUMMARY_SLICE_RECORDS`` of the pull's records per
+        slice, as the rebuild itself): found at once in a 1M-record pull (458k transactions:
+        their ids, the records' count per id and the summary's rows joined) it ran out of a
+        pull's ``64MB``, and the pull's end then took DuckDB's default limit (the driver's
+        peak PSS +50-120 MB; ``benchmarks/MEMORY.md``, stop 47)."""
         key = _UNSUMMARIZED + stream
         row = self.con.execute("SELECT value FROM meta WHERE key = ?", [key]).fetchone()
         if row is None:
             return None
+        params = {"stream": stream, "pull": int(row[0])}
         touched = ("SELECT DISTINCT server_transaction_id AS id FROM data_change_records "
                    "WHERE stream = $stream AND pull_id >= $pull AND server_transaction_id "
                    "IS NOT NULL")
-        if (stream, row[0]) in self._summarized_early:
-            touched = f"""SELECT c.id FROM (
+        if (stream, row[0]) not in self._summarized_early:
+            # Their ids alone fit (a 1M-record pull's 458k in 64MB); the rebuild slices itself.
+            self.con.execute(f"CREATE OR REPLACE TEMP TABLE _touched AS {touched}", params)
+            rebuild_transactions(self.con, stream, "_touched")
+        else:
+            (records,) = self.con.execute(
+                "SELECT count(*) FROM data_change_records WHERE stream = $stream AND "
+                "pull_id >= $pull", params).fetchone()
+            params["slices"] = max(1, -(-int(records) // _CHANGED_SLICE_RECORDS))
+            # As in ``rebuild_transactions``: the slice's numbers bound as UBIGINT (hash's type).
+            changed = f"""SELECT c.id FROM (
                 SELECT server_transaction_id AS id, count(*) AS n FROM data_change_records
-                WHERE stream = $stream AND server_transaction_id IN ({touched})
+                WHERE stream = $stream AND server_transaction_id IN ({touched}
+                      AND hash(server_transaction_id) % $slices::UBIGINT = $i::UBIGINT)
                 GROUP BY server_transaction_id) c
               LEFT JOIN transactions t ON t.stream = $stream AND t.server_transaction_id = c.id
               WHERE t.records_seen IS DISTINCT FROM c.n"""
-        self.con.execute(f"CREATE OR REPLACE TEMP TABLE _touched AS {touched}",
-                         {"stream": stream, "pull": int(row[0])})
-        rebuild_transactions(self.con, stream, "_touched")
+            for i in range(params["slices"]):
+                self.con.execute(f"CREATE OR REPLACE TEMP TABLE _touched AS {changed}",
+                                 {**params, "i": i})
+                rebuild_transactions(self.con, stream, "_touched")
         self.con.execute("DROP TABLE _touched")
         if final:
             self.con.execute("DELETE FROM meta WHERE key = ?", [key])
