@@ -457,6 +457,7 @@ def run_project(host: str | None, dialect: str, stream: str, start: int, end: in
                                       end=end, spark_master=master, heartbeat_ms=HEARTBEAT_MS)
             else:
                 request = PullRequest(source="demo", dialect=dialect, spark_master=master)
+            landing_memory = cache.memory_limit  # PULL_MEMORY_LIMIT or $CSI_DUCKDB_MEMORY
             cpu0, sampler0 = tree_cpu_by_kind(os.getpid()), mem.own_cpu if mem else 0.0
             began = time.monotonic()
             result = run_pull(cache, request, progress=mem and mem.mark)
@@ -467,8 +468,9 @@ def run_project(host: str | None, dialect: str, stream: str, start: int, end: in
             runs.append({"rows": result.records, "seconds": seconds, "waves": result.waves,
                          "partitions": result.partitions_read,
                          "cpu_s": _cpu_spent(cpu0, cpu1, sampler1 - sampler0),
-                         # what the pull's end summarized in: more than the landings' limit
-                         # when DuckDB refused that (the cache then opened again with more)
+                         # what the pull landed and its end summarized in: the end's more
+                         # when DuckDB refused it the landings' (the cache opened again)
+                         "landing_memory": landing_memory,
                          "summary_memory": cache.memory_limit})
     return {"runs": runs}
 
@@ -535,16 +537,13 @@ def _run_side(role: str, world: dict | None, args, master: str | None,
 
 def _summary_note(runs: list[dict]) -> str:
     """"" when every pull's end summarized its transactions in the memory its landings had;
-    else how many needed more (DuckDB refused the pull's limit: the driver's peak then rises
-    by what the larger limit lets DuckDB take)."""
-    from spark_backend.model.config import PULL_MEMORY_LIMIT
-
-    more = [r["summary_memory"] for r in runs
-            if r.get("summary_memory", PULL_MEMORY_LIMIT) != PULL_MEMORY_LIMIT]
+    else how many needed more (DuckDB refused them the landings' limit: the driver's peak then
+    rises by what the larger limit lets DuckDB take)."""
+    more = [r for r in runs if r.get("summary_memory") != r.get("landing_memory")]
     if not more:
         return ""
-    return (f"; {len(more)} of {len(runs)} pulls summarized their transactions at {more[0]} "
-            f"(DuckDB refused {PULL_MEMORY_LIMIT})")
+    return (f"; {len(more)} of {len(runs)} pulls summarized their transactions at "
+            f"{more[0]['summary_memory']} (DuckDB refused {more[0]['landing_memory']})")
 
 
 def _median(runs: list[dict], key: str) -> float:

@@ -140,17 +140,19 @@ def test_last_minutes_pulls_the_worlds_end_and_reports_growth_within_the_stream(
 
 def test_a_pull_whose_summary_needed_more_than_its_landings_memory_is_named(monkeypatch,
                                                                            capsys):
-    """A pull's end that DuckDB refused the landings' ``64MB`` (the cache opened again with
-    more: the driver's peak rises with it) is named on the row's runs line; none, nothing."""
+    """A pull's end that DuckDB refused the memory its landings had (the cache opened again
+    with more: the driver's peak rises with it) is named on the row's runs line; none (or a
+    limit the user set, kept throughout), nothing."""
     from spark_backend.demo.world import WORLD_DURATION
 
     bench = load_benchmark("pull_throughput")
     world = {"address": "127.0.0.1:1", "stream": "S", "start": 0, "end": WORLD_DURATION}
-    limits = ["64MB", "1GB", "64MB"]
+    limits = [("64MB", "64MB"), ("64MB", "1GB"), ("64MB", "64MB")]
 
     def side(role, w, args, master, trace=None):
-        return {"runs": [{"rows": 500, "seconds": 2.0, "waves": 3, "summary_memory": m}
-                         for m in limits], "peak_mb": 1.0, "peak_pss_mb": 990.0,
+        return {"runs": [{"rows": 500, "seconds": 2.0, "waves": 3, "landing_memory": land,
+                          "summary_memory": m} for land, m in limits],
+                "peak_mb": 1.0, "peak_pss_mb": 990.0,
                 "peak_pss_kinds_mb": {"driver": 300}}
 
     monkeypatch.setattr(bench, "_run_side", side)
@@ -158,7 +160,10 @@ def test_a_pull_whose_summary_needed_more_than_its_landings_memory_is_named(monk
     bench._last_minutes(args, world, 20.0, 6, 1000)
     assert ("driver 300; 1 of 3 pulls summarized their transactions at 1GB (DuckDB refused "
             "64MB)") in capsys.readouterr().out
-    limits[1] = "64MB"
+    limits[1] = ("64MB", "64MB")
+    bench._last_minutes(args, world, 20.0, 6, 1000)
+    assert capsys.readouterr().out.rstrip().endswith("(MB): driver 300")
+    limits[:] = [("128MB", "128MB")] * 3  # a limit the user set ($CSI_DUCKDB_MEMORY) is kept
     bench._last_minutes(args, world, 20.0, 6, 1000)
     assert capsys.readouterr().out.rstrip().endswith("(MB): driver 300")
 

@@ -342,6 +342,7 @@ def test_a_summary_brought_up_to_date_while_a_pull_lands_leaves_its_end_only_wha
     assert len(ids[1]) < len(ids[0] | ids[1])  # the second rebuilt less than all
     # what changed since an early summary is found a slice of the transactions at a time
     # (at once it ran out of a 1M-record pull's 64MB), by the hash of their ids
+    assert len(slices[0]) == 1  # without an early summary before: all at once, as ever
     records = [cut[1], len(rows)]
     for summary, n in zip(slices[1:], records, strict=True):
         assert len(summary) == -(-n // 200), summary
@@ -349,25 +350,26 @@ def test_a_summary_brought_up_to_date_while_a_pull_lands_leaves_its_end_only_wha
     cache.close()
 
 
-def _record_copies(records: int, per_transaction: int = 1) -> list[dict]:
-    """``records`` data records: the demo world's again, at other times, in transactions of
-    ``per_transaction`` records each."""
+def _record_copies(records: int) -> list[dict]:
+    """``records`` data records: the demo world's again, at other times, each a transaction
+    of its own."""
     _, rows = _demo_data_change_rows()
     copies = []
     for i in range(records):
         row = dict(rows[i % len(rows)])
         row["ts_ns"] += (i // len(rows)) * 10**12
-        row["server_transaction_id"] = f"t{i // per_transaction:08d}"
-        row["record_sequence"] = f"{i % per_transaction:08d}"
+        row["server_transaction_id"] = f"t{i:08d}"
+        row["record_sequence"] = "00000000"
         copies.append(row)
     return copies
 
 
-def _land(cache: Cache, pull_id: int, rows: list[dict], size: int = 1_000) -> None:
-    """``rows`` landed ``size`` at a time, a transaction each, as a pull's tasks land."""
+def _land(cache: Cache, pull_id: int, rows: list[dict]) -> None:
+    """``rows`` landed 1,000 at a time, each landing a DuckDB transaction of its own, as a
+    pull's tasks land."""
     from spark_backend.model.records import batched
 
-    for chunk in batched(rows, size):
+    for chunk in batched(rows, 1_000):
         ingest_stream(cache, "s", pull_id, [to_arrow_batch(chunk)])
 
 

@@ -601,11 +601,12 @@ class Cache:
         mark. Returns the mark (None: there was none).
 
         After an early summary, what changed since is found and rebuilt a slice of the
-        transactions' ids at a time (``_SUMMARY_SLICE_RECORDS`` of the pull's records per
-        slice, as the rebuild itself): found at once in a 1M-record pull (458k transactions:
-        their ids, the records' count per id and the summary's rows joined) it ran out of a
-        pull's ``64MB``, and the pull's end then took DuckDB's default limit (the driver's
-        peak PSS +50-120 MB; ``benchmarks/MEMORY.md``, stop 47)."""
+        transactions' ids at a time (``_CHANGED_SLICE_RECORDS`` of the pull's records per
+        slice; the rebuild slices each again by its own count): found at once in a 1M-record
+        pull (458k transactions: their ids, the records' count per id and the summary's rows
+        joined) it ran out of a pull's ``64MB``, and the pull's end then opened the cache
+        again with ``DEFAULT_MEMORY_LIMIT`` (the driver's PSS at the end 346 MB against ~300
+        in the pull; ``benchmarks/MEMORY.md``, stop 47)."""
         key = _UNSUMMARIZED + stream
         row = self.con.execute("SELECT value FROM meta WHERE key = ?", [key]).fetchone()
         if row is None:
