@@ -584,11 +584,10 @@ def main() -> None:
     parser.add_argument("--start", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--end", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    world_minutes = WORLD_MINUTES
     for minutes in args.last_minutes:
-        if not 0 < minutes < world_minutes:
-            parser.error(f"--last-minutes takes minutes between 0 and {world_minutes:g} (the "
-                         f"benchmark's worlds span {world_minutes:g} minutes), not {minutes:g}")
+        if not 0 < minutes < WORLD_MINUTES:
+            parser.error(f"--last-minutes takes minutes between 0 and {WORLD_MINUTES:g} (the "
+                         f"benchmark's worlds span {WORLD_MINUTES:g} minutes), not {minutes:g}")
     os.environ.setdefault("SPANNER_DISABLE_BUILTIN_METRICS", "true")
     if args.role == "server":
         serve(args.scale, args.dialect, args.latency_ms[0])

@@ -350,36 +350,24 @@ def test_a_summary_brought_up_to_date_while_a_pull_lands_leaves_its_end_only_wha
     cache.close()
 
 
-def _record_copies(records: int) -> list[dict]:
-    """``records`` data records: the demo world's again, at other times, each a transaction
-    of its own."""
+def _single_record_transactions(tmp_path, memory_limit: str, records: int):
+    """A cache opened with ``memory_limit`` and a pull of ``records`` data records, each a
+    transaction of its own, landed and not summarized yet (the pull's end does that)."""
+    from spark_backend.model.records import batched
+
     _, rows = _demo_data_change_rows()
     copies = []
-    for i in range(records):
+    for i in range(records):  # the world's records again, at other times, alone each
         row = dict(rows[i % len(rows)])
         row["ts_ns"] += (i // len(rows)) * 10**12
         row["server_transaction_id"] = f"t{i:08d}"
         row["record_sequence"] = "00000000"
         copies.append(row)
-    return copies
-
-
-def _land(cache: Cache, pull_id: int, rows: list[dict]) -> None:
-    """``rows`` landed 1,000 at a time, each landing a DuckDB transaction of its own, as a
-    pull's tasks land."""
-    from spark_backend.model.records import batched
-
-    for chunk in batched(rows, 1_000):
-        ingest_stream(cache, "s", pull_id, [to_arrow_batch(chunk)])
-
-
-def _single_record_transactions(tmp_path, memory_limit: str, records: int):
-    """A cache opened with ``memory_limit`` and a pull of ``records`` data records, each a
-    transaction of its own, landed and not summarized yet (the pull's end does that)."""
     cache = Cache(tmp_path / "single.duckdb", memory_limit=memory_limit, threads=1)
     cache.ensure_stream("s", system="spanner")
     pull_id = cache.begin_pull("s", "test", None, None, None)
-    _land(cache, pull_id, _record_copies(records))
+    for chunk in batched(copies, 1_000):  # a transaction each, as a pull's tasks land
+        ingest_stream(cache, "s", pull_id, [to_arrow_batch(chunk)])
     return cache, pull_id
 
 
