@@ -308,13 +308,25 @@ def test_a_summary_brought_up_to_date_while_a_pull_lands_leaves_its_end_only_wha
     assert ids[0] & ids[1] and ids[1] & ids[2]  # transactions span the summaries
     rebuilt: list[int] = []  # transactions rebuilt by each summary
     slices: list[list[int]] = []  # ... by each of its rebuilds (a slice of their ids each)
+    inserts: list[list[int]] = []  # rows each rebuild's statements inserted (its own slices)
     rebuild = store.rebuild_transactions
+
+    class Inserts:  # the connection, counting what each INSERT wrote
+        def __init__(self, con):
+            self.con = con
+
+        def execute(self, sql, *args):
+            result = self.con.execute(sql, *args)
+            if sql.lstrip().startswith("INSERT"):
+                inserts[-1].append(result.fetchone()[0])
+            return result
 
     def counting(con, stream, touched):
         (n,) = con.execute(f"SELECT count(*) FROM {touched}").fetchone()
         rebuilt[-1] += n
         slices[-1].append(n)
-        rebuild(con, stream, touched)
+        inserts.append([])
+        rebuild(Inserts(con), stream, touched)
 
     monkeypatch.setattr(store, "rebuild_transactions", counting)
     monkeypatch.setattr(store, "_SUMMARY_SLICE_RECORDS", 50)  # many slices
@@ -347,6 +359,13 @@ def test_a_summary_brought_up_to_date_while_a_pull_lands_leaves_its_end_only_wha
     for summary, n in zip(slices[1:], records, strict=True):
         assert len(summary) == -(-n // 200), summary
         assert 0 < max(summary) < sum(summary)
+    # ... and each rebuild slices that slice again: none of its statements gets all of it.
+    # Both slicings once took the hash modulo their counts, so when the counts shared a
+    # factor, one of a rebuild's statements got the whole slice (a 1M-record pull's end at
+    # 2 ms: 6 slices of what changed, each rebuilt in 2, one of them empty, ran out of 64MB).
+    assert sum(len(rows) > 1 for rows in inserts) > 2
+    for rows in inserts:
+        assert min(rows) > 0, inserts  # every statement of a rebuild got a share
     cache.close()
 
 

@@ -259,6 +259,10 @@ def rebuild_transactions(con: duckdb.DuckDBPyConnection, stream: str, touched: s
     slices = max(1, -(-int(records) // _SUMMARY_SLICE_RECORDS))
     # The slice's filter takes its numbers as UBIGINT, the type of ``hash``: bound as plain
     # integers DuckDB evaluated it ~20x slower (a 1M-record pull's summary: 8.4 s -> ~3.9 s).
+    # It slices by the hash's low 32 bits, ``Cache._summarize``'s slices by its high 32: with
+    # the same bits, a slice of a slice whose counts shared a factor was all or nothing (a
+    # 1M-record pull's end at 2 ms: 6 slices of what changed, each rebuilt in 2 statements of
+    # which one got it all, ran out of 64MB; ``benchmarks/MEMORY.md``, stop 49).
     # The lists are made distinct by ``list_distinct`` (which also drops NULLs), not by
     # DISTINCT aggregates: those keep a hash table per list and group, and the statements of
     # a 1M-record pull's summary took 3.3 s with them, 3.0 s without (replayed on its cache).
@@ -274,7 +278,8 @@ def rebuild_transactions(con: duckdb.DuckDBPyConnection, stream: str, touched: s
                    any_value(transaction_tag), sum(coalesce(mod_count, 0))
             FROM data_change_records
             WHERE stream = $stream AND server_transaction_id IN
-                  (SELECT id FROM {touched} WHERE hash(id) % $slices::UBIGINT = $i::UBIGINT)
+                  (SELECT id FROM {touched}
+                   WHERE (hash(id) & 4294967295::UBIGINT) % $slices::UBIGINT = $i::UBIGINT)
             GROUP BY stream, server_transaction_id""",
             {"stream": stream, "slices": slices, "i": i})
 
@@ -606,7 +611,8 @@ class Cache:
         pull (458k transactions: their ids, the records' count per id and the summary's rows
         joined) it ran out of a pull's ``64MB``, and the pull's end then opened the cache
         again with ``DEFAULT_MEMORY_LIMIT`` (the driver's PSS at the end 346 MB against ~300
-        in the pull; ``benchmarks/MEMORY.md``, stop 47)."""
+        in the pull; ``benchmarks/MEMORY.md``, stop 47). A slice here is one of the hash's
+        high 32 bits, so that the rebuild's own slices (its low 32 bits) split it again."""
         key = _UNSUMMARIZED + stream
         row = self.con.execute("SELECT value FROM meta WHERE key = ?", [key]).fetchone()
         if row is None:
@@ -628,7 +634,7 @@ class Cache:
             changed = f"""SELECT c.id FROM (
                 SELECT server_transaction_id AS id, count(*) AS n FROM data_change_records
                 WHERE stream = $stream AND server_transaction_id IN ({touched}
-                      AND hash(server_transaction_id) % $slices::UBIGINT = $i::UBIGINT)
+                      AND (hash(server_transaction_id) >> 32) % $slices::UBIGINT = $i::UBIGINT)
                 GROUP BY server_transaction_id) c
               LEFT JOIN transactions t ON t.stream = $stream AND t.server_transaction_id = c.id
               WHERE t.records_seen IS DISTINCT FROM c.n"""
