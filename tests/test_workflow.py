@@ -571,3 +571,39 @@ def test_a_parked_read_whose_reader_fails_hands_on_its_rows_then_the_error(monke
     lot.park(("p", 2), rows, next(rows))
     time.sleep(0.6)
     assert lot.counts["closed"] == 1 and not lot.parked and lot.rows == 0
+
+
+def test_reads_hand_their_rows_on_in_lists_in_order_each_ending_where_the_source_made_it_wait(
+        monkeypatch):
+    """A task's consumer mostly waits for rows: a read hands them on in lists of at most
+    ``HAND_ON_ROWS``, and what it gathered as soon as a row made it wait for the source, not
+    one by one. Every row arrives once, each partition's in its order, its end row last."""
+    from spark_backend.spanner import workflow
+
+    monkeypatch.setattr(workflow, "WAITED_S", 0.05)
+
+    def read(token, start_ns):
+        for m in range(1, 41):
+            if m == 8:  # a new response: the seven rows before are handed on, not held
+                time.sleep(0.1)
+            yield from_change_record(_heartbeat(_ts(m)), token)
+        yield partition_end(token, "open", END, read_from=start_ns)
+
+    flow = _Workflow(read, 3, True)
+    handed: list[int] = []
+    put = flow.out.put
+
+    def counted(item, *a, **kw):
+        if item is not workflow._DONE:
+            handed.append(len(item))
+        put(item, *a, **kw)
+
+    flow.out.put = counted
+    rows = list(flow.rows([("a", T0), ("b", T0), ("c", T0)]))
+    assert len(rows) == 3 * 41
+    for token in "abc":
+        mine = [r for r in rows if r["partition_token"] == token]
+        assert [r["ts_ns"] for r in mine[:-1]] == [parse_ns(_ts(m)) for m in range(1, 41)]
+        assert mine[-1]["kind"] == "partition_end"
+    # per read: 7 (before the wait), then 16, 16 and the last 2 rows with the end row
+    assert sorted(handed) == sorted([7, 16, 16, 2] * 3)

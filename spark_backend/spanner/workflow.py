@@ -39,7 +39,9 @@ results reach the driver only when the task ends, so short tasks are what lets r
 they come and a merge child start soon after its parents (read by different tasks) finished.
 
 Rows stream out through a bounded queue (``ROWS_QUEUED``): memory does not grow with the
-number of records.
+number of records. A read hands its rows on in small lists (``HAND_ON_ROWS``), not one by one:
+the task's consumer mostly waits for rows, and a row put alone on the queue woke it, and made
+its thread and the reader's trade Python's lock, for every row.
 """
 
 from __future__ import annotations
@@ -71,6 +73,10 @@ PARKED_ROWS_MAX = 4096  # rows all parked reads of the process hold at most
 # bounds (4,096, 1,024, 8,192 before) took the 1M pull's peak PSS ~8 MB lower at 20 ms and ~15
 # at 2 ms in the same times (README, "Memory of a pull"; benchmarks/MEMORY.md, stop 46).
 ROWS_QUEUED = 2048
+# Rows a read gathers before it hands them on as one list; it also hands on what it gathered
+# when a row made it wait for the source (the rows of the response before are complete) and
+# before it stops or ends.
+HAND_ON_ROWS = 16
 
 
 class _Workflow:
@@ -88,7 +94,8 @@ class _Workflow:
         self.max_seconds = max_seconds
         self.keep_seconds = keep_seconds
         self.stopping = threading.Event()
-        self.out: queue.Queue = queue.Queue(maxsize=ROWS_QUEUED)
+        # lists of rows (at most ROWS_QUEUED rows in full lists), or _DONE
+        self.out: queue.Queue = queue.Queue(maxsize=max(1, ROWS_QUEUED // HAND_ON_ROWS))
         self.lock = threading.Lock()
         self.finished: set[str] = set()
         self.scheduled: set[str] = set()
@@ -137,12 +144,16 @@ class _Workflow:
         last_ts: int | None = None  # rows come in timestamp order: all up to it passed on
         deadline: float | None = None  # set at the first row the read could stop at
         offset = arrival  # rows of this partition read before, in this pull
+        gathered: list[dict] = []  # rows not handed on yet (``HAND_ON_ROWS``)
         rows = self.read(token, start_ns)
         while True:
             asked = time.monotonic()
             row = next(rows, None)
             if row is None:
                 break
+            if gathered and time.monotonic() - asked >= WAITED_S:
+                self.out.put(gathered)  # the rows before came with an earlier response
+                gathered = []
             kind = row["kind"]
             ts = row.get("ts_ns")
             if kind != "partition_end" and ts is not None:
@@ -156,9 +167,10 @@ class _Workflow:
                             rows.close()
                         else:  # the next task of this process may take it over
                             self.park(token, last_ts + 1, rows, row)
-                        self.out.put(partition_end(token, "open", last_ts,
-                                                   read_from=start_ns, stopped="budget",
-                                                   arrival=arrival))
+                        gathered.append(partition_end(token, "open", last_ts,
+                                                      read_from=start_ns, stopped="budget",
+                                                      arrival=arrival))
+                        self.out.put(gathered)
                         return
                     # a row it waited for: passed on, the read stops at a later timestamp
                 last_ts = ts
@@ -170,7 +182,13 @@ class _Workflow:
                 finished = json.loads(row["extra"]).get("state") == "finished"
             _shift(row, offset)  # the reader counts from 1 in each query
             arrival = row.get("line") or arrival
-            self._put(row)
+            self._count()
+            gathered.append(row)
+            if len(gathered) >= HAND_ON_ROWS:
+                self.out.put(gathered)
+                gathered = []
+        if gathered:
+            self.out.put(gathered)
         if not (finished and self.follow) or self.stopping.is_set():
             return
         ready = []
@@ -189,13 +207,13 @@ class _Workflow:
         """Has the task returned an eighth over its row budget (no more waited rows kept)?"""
         return self.max_rows is not None and self.emitted >= self.max_rows + self.max_rows // 8
 
-    def _put(self, row: dict) -> None:
+    def _count(self) -> None:
+        """One more row handed on (or gathered to be): the task's row budget."""
         if self.max_rows is not None:
             with self.lock:
                 self.emitted += 1
                 if self.emitted >= self.max_rows:
                     self.stopping.set()
-        self.out.put(row)
 
     def rows(self, roots: list[Root]) -> Iterator[dict[str, Any]]:
         if not roots:
@@ -211,13 +229,13 @@ class _Workflow:
             t.start()
         try:
             while True:
-                row = self.out.get()
-                if row is _DONE:
+                item = self.out.get()
+                if item is _DONE:
                     with self.lock:
                         if self.outstanding == 0:
                             break
                     continue
-                yield row
+                yield from item
         finally:
             if timer is not None:
                 timer.cancel()
