@@ -584,7 +584,7 @@ def test_reads_hand_their_rows_on_in_lists_in_order_each_ending_where_the_source
 
     def read(token, start_ns):
         for m in range(1, 41):
-            if m == 8:  # a new response: the seven rows before are handed on, not held
+            if m == 8:  # a new response: the seven rows before go on as one list
                 time.sleep(0.1)
             yield from_change_record(_heartbeat(_ts(m)), token)
         yield partition_end(token, "open", END, read_from=start_ns)

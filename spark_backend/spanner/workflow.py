@@ -151,14 +151,14 @@ class _Workflow:
             row = next(rows, None)
             if row is None:
                 break
-            if gathered and time.monotonic() - asked >= WAITED_S:
+            now = time.monotonic()
+            if gathered and now - asked >= WAITED_S:
                 self.out.put(gathered)  # the rows before came with an earlier response
                 gathered = []
             kind = row["kind"]
             ts = row.get("ts_ns")
             if kind != "partition_end" and ts is not None:
                 if self.stopping.is_set() and last_ts is not None and ts > last_ts:
-                    now = time.monotonic()
                     if deadline is None:
                         deadline = now + self.keep_seconds
                     waited = WAITED_S <= now - asked < WAITED_MAX_S
