@@ -16,6 +16,11 @@ the server is measured, not assumed, not to be the bottleneck. In the same run:
   after another (the initial query, then each partition after all of its parents) times the
   latency. No reader of this server can be faster.
 
+The server also traces every query and when gRPC took each response (``ReadTrace``), and the
+median pull's real critical path is printed against that bound: the reads along it, what they
+take at the pace, their sends' waits for the reader, and the waits between a parent's end and
+its child's query (``critical_path``).
+
 Peak memory is sampled every 0.2 s over the pulling process and all its children (the JVM and
 Spark's Python workers), as the sum of their resident sets (pages shared by forked workers counted
 in each) and as their proportional set size (PSS: shared pages divided among their sharers, the
@@ -215,6 +220,96 @@ def _query_key(sql: str, params: dict) -> bytes:
     return h.digest()
 
 
+class ReadTrace:
+    """What the server saw of each pull, to tell its real critical path against the bound.
+
+    A pull begins with its initial query (token None, not a retry). For each query the trace
+    keeps ``[token, queried, last response taken, responses, seconds waiting on the send]``:
+    a response is *taken* when gRPC asks the handler for the next one, i.e. once its send
+    completed, and the send waits while the stream's flow-control window is full, that is
+    while the reader has fallen behind. Handler threads only append and update their own
+    query's list; ``take`` hands the pulls over and starts afresh."""
+
+    def __init__(self, parents: dict[str, tuple[str, ...]], latency_s: float,
+                 clock=time.monotonic):
+        self.parents, self.latency_s, self.clock = parents, latency_s, clock
+        self.pulls: list[list[list]] = []
+
+    def traced(self, token: str | None, retry: bool, responses: Iterator) -> Iterator:
+        query = [token, self.clock(), None, 0, 0.0]
+        if (token is None and not retry) or not self.pulls:
+            self.pulls.append([])
+        self.pulls[-1].append(query)
+        for response in responses:
+            handed = self.clock()
+            yield response
+            taken = self.clock()
+            query[2], query[3], query[4] = taken, query[3] + 1, query[4] + taken - handed
+
+    def take(self) -> list[dict]:
+        pulls, self.pulls = self.pulls, []
+        return [critical_path(queries, self.parents, self.latency_s) for queries in pulls]
+
+
+def critical_path(queries: list[list], parents: dict[str, tuple[str, ...]],
+                  latency_s: float) -> dict:
+    """A pull's real critical path from its queries (``ReadTrace``): from the partition whose
+    last response went out last, back through the parent (of those the pull read) whose last
+    response went out last, to the initial query. Each step: its wait (the parent's last
+    response -> the partition's first query), its read (first query -> last response), its
+    responses and their time at the pace, and its sends' waits. The initial query's read plus
+    every step's wait and read is the path's span: the initial query -> the last response."""
+    first: dict[str | None, float] = {}
+    done: dict[str | None, float] = {}
+    stats: dict[str | None, list] = {}  # responses, queries, send s
+    for token, queried, taken, responses, send_s in queries:
+        first[token] = min(first.get(token, queried), queried)
+        done[token] = max(done.get(token, queried), taken if taken is not None else queried)
+        s = stats.setdefault(token, [0, 0, 0.0])
+        s[0], s[1], s[2] = s[0] + responses, s[1] + 1, s[2] + send_s
+    if None not in first:
+        return {"steps": [], "span_s": 0.0}
+    read = [t for t in first if t is not None]
+    path: list[str] = []
+    token = max(read, key=done.__getitem__) if read else None
+    while token is not None:
+        path.append(token)
+        known = [p for p in parents.get(token, ()) if p in first]
+        token = max(known, key=done.__getitem__) if known else None
+    path.reverse()
+    steps = []
+    for token in path:
+        known = [p for p in parents.get(token, ()) if p in first]
+        ready = max(done[p] for p in known) if known else done[None]
+        responses, nqueries, send_s = stats[token]
+        steps.append({"token": token, "wait_s": first[token] - ready,
+                      "read_s": done[token] - first[token], "responses": responses,
+                      "pace_s": responses * latency_s, "queries": nqueries, "send_s": send_s})
+    end = path[-1] if path else None
+    return {"steps": steps, "span_s": done[end] - first[None],
+            "initial_s": done[None] - first[None]}
+
+
+def path_line(path: dict, latency_ms: float) -> str:
+    """One pull's ``critical_path`` in words: where its time went against the bound's pace."""
+    steps = path.get("steps") or []
+    if not steps:
+        return "the server saw no partition read"
+    reads = sum(s["read_s"] for s in steps)
+    pace = sum(s["pace_s"] for s in steps)
+    waits = sum(s["wait_s"] for s in steps)
+    send = sum(s["send_s"] for s in steps)
+    behind = sorted(steps, key=lambda s: s["pace_s"] - s["read_s"])[:3]
+    worst = ", ".join(f"{s['token'][:8]} {s['read_s']:.1f}s for {s['pace_s']:.1f}"
+                      for s in behind if s["read_s"] > s["pace_s"])
+    return (f"its critical path at the server: {path['span_s']:.1f}s from the initial query "
+            f"to the last response = initial query {path['initial_s']:.1f}s + {len(steps)} "
+            f"partitions read in {reads:.1f}s ({sum(s['responses'] for s in steps):,} "
+            f"responses, {pace:.1f}s at {latency_ms:g} ms; {send:.1f}s of sends waiting for "
+            f"the reader) + waits before their queries {waits:.1f}s"
+            + (f"; furthest behind the pace: {worst}" if worst else ""))
+
+
 def _bench_server(world, dialect: str, latency_ms: float):
     """The demo server, answering a query that continues a partition (a later start, as a
     pull's task continues a partition the previous task stopped) from the responses encoded
@@ -238,6 +333,8 @@ def _bench_server(world, dialect: str, latency_ms: float):
             # token -> (each row's time, the response each row begins in, its first value's
             # index there, the responses)
             self.ahead: dict[str, tuple[list[int], array, array, list]] = {}
+            self.trace = ReadTrace({p.token: p.parents for p in world.partitions},
+                                   latency_ms / 1000)
 
         def encode_ahead(self, token: str, start: int, rows: list[dict], qkey: bytes) -> int:
             from spark_backend.demo.server import _LazySeq
@@ -265,20 +362,24 @@ def _bench_server(world, dialect: str, latency_ms: float):
             return n
 
         def ExecuteStreamingSql(self, request, context):
-            if not request.resume_token:
-                try:
-                    q = self._parse(request)
-                except Exception:
-                    q = None
-                if (q is not None and q.token in self.ahead and q.end == world.end
-                        and q.heartbeat_ms == HEARTBEAT_MS):
-                    times, begins_in, begins_at, responses = self.ahead[q.token]
-                    row = bisect.bisect_left(times, q.start)
-                    if 0 < row < len(times):
-                        self._check_session(request.session, context)
-                        return self._continued(responses, begins_in[row], begins_at[row],
-                                               context)
-            return super().ExecuteStreamingSql(request, context)
+            try:
+                q = self._parse(request)
+            except Exception:
+                q = None
+            answer = None
+            if (not request.resume_token and q is not None and q.token in self.ahead
+                    and q.end == world.end and q.heartbeat_ms == HEARTBEAT_MS):
+                times, begins_in, begins_at, responses = self.ahead[q.token]
+                row = bisect.bisect_left(times, q.start)
+                if 0 < row < len(times):
+                    self._check_session(request.session, context)
+                    answer = self._continued(responses, begins_in[row], begins_at[row],
+                                             context)
+            if answer is None:
+                answer = super().ExecuteStreamingSql(request, context)
+            if q is None:  # the dialect's query, a ping, a query it refuses
+                return answer
+            return self.trace.traced(q.token, bool(request.resume_token), answer)
 
         def _continued(self, responses, first: int, value: int, context):
             pace = _Pace(self.latency_ms / 1000.0)
@@ -324,7 +425,9 @@ def encode_partitions(server, world, dialect: str) -> dict[str | None, int]:
 
 def serve(scale: float, dialect: str, latency_ms: float) -> None:
     """Build the world, encode ahead the responses of every query of the project's pull,
-    compute the critical-path bound, print one JSON line, serve until stdin closes."""
+    compute the critical-path bound, print one JSON line, serve until stdin closes; a line
+    ``paths`` on stdin answers one JSON line: the critical path of each pull since the last
+    ask (``ReadTrace``)."""
     import gc
 
     from spark_backend.demo.world import build_world
@@ -356,7 +459,9 @@ def serve(scale: float, dialect: str, latency_ms: float) -> None:
                       "responses": sum(responses.values()), "chain_responses": chain,
                       "start": world.start, "end": world.end, "stream": world.stream}),
           flush=True)
-    sys.stdin.read()
+    for line in sys.stdin:  # "paths": each pull's critical path since the last ask, one line
+        if line.strip() == "paths":
+            print(json.dumps(server.trace.take()), flush=True)
     server.stop()
 
 
@@ -626,6 +731,7 @@ def _one_row(args, target: int, latency: float, cluster_url: str | None) -> list
         _, cpu0 = tree_usage(proc.pid)
         t0 = time.monotonic()
         base = _run_side("baseline", world, args, None)
+        _paths(proc)  # the baseline's: not a pull's
         _, cpu1 = tree_usage(proc.pid)
         base_server = (cpu1 - cpu0) / max(time.monotonic() - t0, 1e-9)
         b_rate = base["rows"] / base["seconds"]
@@ -635,6 +741,7 @@ def _one_row(args, target: int, latency: float, cluster_url: str | None) -> list
             mine = _run_side("project", world, args, cluster_url if master else None)
             _, cpu1 = tree_usage(proc.pid)
             busy = (cpu1 - cpu0) / max(time.monotonic() - t0, 1e-9)
+            paths = _paths(proc)
             runs = mine["runs"]
             secs = _median(runs, "seconds")
             p_rate = runs[0]["rows"] / secs
@@ -651,6 +758,7 @@ def _one_row(args, target: int, latency: float, cluster_url: str | None) -> list
                   f"{kinds}{_summary_note(runs)}", flush=True)
             if not master:  # on the cluster the executors are outside the measured tree
                 print(f"{'':>9}   {_cpu_line(runs)}", flush=True)
+            print(f"{'':>9}   {_median_path_line(runs, paths, latency)}", flush=True)
             rows.append({"records": runs[0]["rows"], "latency": latency, "spark": name,
                          "ratio": p_rate / b_rate, "of_bound": bound / secs,
                          "pss_mb": mine.get("peak_pss_mb", 0), "cluster": bool(master)})
@@ -661,6 +769,21 @@ def _one_row(args, target: int, latency: float, cluster_url: str | None) -> list
         proc.stdin.close()
         proc.wait(timeout=60)
     return rows
+
+
+def _paths(proc: subprocess.Popen) -> list[dict]:
+    """The critical path of each pull the world's server saw since the last ask."""
+    proc.stdin.write("paths\n")
+    proc.stdin.flush()
+    return json.loads(proc.stdout.readline())
+
+
+def _median_path_line(runs: list[dict], paths: list[dict], latency_ms: float) -> str:
+    """The median pull's critical path as its server saw it (``path_line``)."""
+    if len(paths) != len(runs):
+        return f"the server saw {len(paths)} pulls for {len(runs)}: no critical path told"
+    i = sorted(range(len(runs)), key=lambda k: runs[k]["seconds"])[(len(runs) - 1) // 2]
+    return f"median pull ({runs[i]['seconds']:.1f}s): {path_line(paths[i], latency_ms)}"
 
 
 def _last_minutes(args, world: dict, latency: float, minutes: float, whole: int) -> dict:

@@ -180,3 +180,97 @@ def test_last_minutes_outside_the_worlds_hour_is_refused_in_one_sentence():
     assert ("--last-minutes takes minutes between 0 and 60 (the benchmark's worlds span 60 "
             "minutes), not 0") in out.stderr
     assert "Traceback" not in out.stderr
+
+
+def test_the_trace_tells_a_pulls_critical_path_through_the_parent_read_last():
+    """``critical_path``: from the partition whose last response went out last, back through
+    the parent read last (a merge waits for both), to the initial query; a partition read in
+    two queries (a task's budget) counts from its first query to its last response; a parent
+    the pull never read (it began after it) leaves the partition to the initial query. The
+    initial query, the waits and the reads add up to the path's span."""
+    bench = load_benchmark("pull_throughput")
+    parents = {"A": (), "B": (), "C": ("A", "B"), "D": ("C",), "E": ("X",)}
+    # token, queried, last response taken, responses, send s
+    queries = [[None, 10.0, 11.0, 2, 0.0],
+               ["A", 11.5, 20.0, 100, 1.0], ["B", 11.6, 25.0, 200, 3.0],
+               ["C", 26.0, 30.0, 50, 0.0], ["D", 31.0, 33.0, 20, 0.5],
+               ["D", 33.5, 40.0, 60, 0.5], ["E", 12.0, 35.0, 90, 0.0]]
+    path = bench.critical_path(queries, parents, 0.02)
+    assert [s["token"] for s in path["steps"]] == ["B", "C", "D"]
+    b, c, d = path["steps"]
+    assert b["wait_s"] == pytest.approx(0.6) and b["read_s"] == pytest.approx(13.4)
+    assert c["wait_s"] == pytest.approx(1.0)  # after B, the later of its two parents
+    assert (d["wait_s"], d["read_s"], d["responses"], d["queries"]) == \
+        pytest.approx((1.0, 9.0, 80, 2))
+    assert d["pace_s"] == pytest.approx(1.6) and d["send_s"] == pytest.approx(1.0)
+    assert path["initial_s"] == pytest.approx(1.0) and path["span_s"] == pytest.approx(30.0)
+    assert path["initial_s"] + sum(s["wait_s"] + s["read_s"] for s in path["steps"]) == \
+        pytest.approx(path["span_s"])
+    # E's parent X was never read: E hangs on the initial query
+    late = bench.critical_path(queries[:1] + [["E", 12.0, 45.0, 90, 0.0]], parents, 0.02)
+    assert [(s["token"], s["wait_s"]) for s in late["steps"]] == [("E", pytest.approx(1.0))]
+    line = bench.path_line(path, 20.0)
+    assert "30.0s from the initial query to the last response" in line
+    assert "3 partitions read in 26.4s (330 responses, 6.6s at 20 ms; 4.0s of sends" in line
+    assert "furthest behind the pace: B 13.4s for 4.0, D 9.0s for 1.6, C 4.0s for 1.0" in line
+    assert bench.path_line({"steps": [], "span_s": 0.0}, 20.0) == \
+        "the server saw no partition read"
+
+
+def test_a_trace_times_each_response_until_grpc_takes_the_next_and_splits_the_pulls():
+    """``ReadTrace.traced``: a response counts when gRPC asks for the next one (its send
+    done); the time between is the send's wait. A pull begins at a fresh initial query, not
+    at a retried one."""
+    bench = load_benchmark("pull_throughput")
+    now = [0.0]
+    trace = bench.ReadTrace({"A": ()}, 0.02, clock=lambda: now[0])
+    it = trace.traced(None, False, iter(["r1", "r2"]))
+    assert next(it) == "r1"
+    now[0] = 0.5  # gRPC waited 0.5 s to send r1
+    assert next(it) == "r2"
+    now[0] = 0.75
+    assert list(it) == []
+    list(trace.traced("A", False, iter(["a"])))
+    list(trace.traced(None, True, iter([])))  # a retried initial query: the same pull
+    list(trace.traced(None, False, iter([])))  # a new pull
+    assert [[q[:4] + [round(q[4], 2)] for q in pull] for pull in trace.pulls] == [
+        [[None, 0.0, 0.75, 2, 0.75], ["A", 0.75, 0.75, 1, 0.0], [None, 0.75, None, 0, 0.0]],
+        [[None, 0.75, None, 0, 0.0]]]
+    paths = trace.take()
+    assert len(paths) == 2 and trace.pulls == []
+    assert [s["token"] for s in paths[0]["steps"]] == ["A"]
+
+
+@pytest.mark.parametrize("dialect", ["googlesql"])
+def test_the_servers_trace_of_a_real_read_follows_the_worlds_partitions(dialect):
+    """The benchmark's server traces what a reader really asked: each partition once, all its
+    responses, and a critical path that starts at a first-generation partition and steps from
+    parent to child to the partition read last."""
+    from spark_backend.spanner.workflow import read_partitions
+
+    bench = load_benchmark("pull_throughput")
+    world = build_world(seed=7)
+    server = bench._bench_server(world, dialect, 0.0)
+    encoded = bench.encode_partitions(server, world, dialect)
+    with server:
+        db = open_database(SpannerTarget("p", "i", "d", dialect, host=server.address))
+        initial = list(read_partition_rows(db, dialect, world.stream, None, world.start,
+                                           world.end, bench.HEARTBEAT_MS))
+        roots = [(c["token"], row["ts_ns"]) for row in initial
+                 if row["kind"] == "child_partitions"
+                 for c in json.loads(row["child_partitions"])]
+        rows = list(read_partitions(db, dialect, world.stream, roots, world.end,
+                                    bench.HEARTBEAT_MS, park_reads=False))
+    assert rows
+    [queries] = server.trace.pulls
+    assert sorted(q[0] for q in queries if q[0]) == sorted(p.token for p in world.partitions)
+    assert all(q[3] == encoded[q[0]] for q in queries)  # every response taken, once
+    [path] = server.trace.take()
+    steps = path["steps"]
+    parents = {p.token: p.parents for p in world.partitions}
+    assert len(steps) >= 3 and parents[steps[0]["token"]] == ()
+    assert all(a["token"] in parents[b["token"]] for a, b in zip(steps, steps[1:]))
+    last = max((q for q in queries if q[0]), key=lambda q: q[2])
+    assert steps[-1]["token"] == last[0]
+    assert path["initial_s"] + sum(s["wait_s"] + s["read_s"] for s in steps) == \
+        pytest.approx(path["span_s"])
