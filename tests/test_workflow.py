@@ -607,3 +607,48 @@ def test_reads_hand_their_rows_on_in_lists_in_order_each_ending_where_the_source
         assert mine[-1]["kind"] == "partition_end"
     # per read: 7 (before the wait), then 16, 16 and the last 2 rows with the end row
     assert sorted(handed) == sorted([7, 16, 16, 2] * 3)
+
+
+def test_a_task_told_a_parent_finished_before_reads_the_merge_child_itself_once(tmp_path):
+    """The driver tells each task the finished parents of the merges still waiting
+    (``finished``): the task that finishes the last parent reads the merge child at once,
+    exactly once, and the driver's plan and the cache then neither wait for it nor read it
+    again. The task told nothing leaves it to the next wave (the test above)."""
+    from spark_backend.jobs.pull import _Plan
+    from spark_backend.spark.datasource import SpannerChangeStreamDataSourceReader
+
+    plan = _Plan(finished=set())
+    plan.offer([("child_token_1", T0), ("child_token_2", T0), ("child_token_3", T0)])
+    first = plan.take()
+    a = _task_a()  # 1 stopped for its budget, 2 finished: the merge waits for 3
+    plan.task_ended([p for p in first if p[0] != "child_token_3"], _arrived(a))
+    told = plan.merge_parents_finished()
+    assert told == ["child_token_2"]
+    options = {"project": "p", "instance": "i", "database": "d", "stream": "S",
+               "heartbeat_ms": "10000", "end_ns": str(END),
+               "partitions": json.dumps([{"token": "child_token_3", "start_ns": T0}])}
+    reader = SpannerChangeStreamDataSourceReader({**options, "finished": json.dumps(told)})
+    assert reader.finished == ["child_token_2"]
+    for bad in ("[1]", "{", '"child_token_2"'):
+        with pytest.raises(ValueError, match='Option "finished" must be a JSON list of '
+                                             'partition tokens'):
+            SpannerChangeStreamDataSourceReader({**options, "finished": bad})
+    source = FakeSource()
+    rows_b = list(_Workflow(source.read, 2, True, finished=reader.finished)
+                  .rows([("child_token_3", T0)]))
+    assert [(q[0], q[1]) for q in source.queries] == [("child_token_3", T0),
+                                                      ("child_token_4", T_MERGE)]
+    assert plan.take() == [("child_token_1", parse_ns("2022-05-01T09:10:00Z") + 1, 1)]
+    plan.task_ended([("child_token_3", T0, 0)], _arrived([to_arrow_batch(rows_b)]))
+    assert plan.ready == {} and plan.waiting == {}
+    assert {"child_token_2", "child_token_3", "child_token_4"} <= plan.done
+    cache = Cache(tmp_path / "told.duckdb")
+    cache.ensure_stream("s", system="spanner")
+    pull = cache.begin_pull("s", "test", T0, END, 10_000)
+    for batch in ([to_arrow_batch([from_change_record(r, None) for r in INITIAL])], a,
+                  [to_arrow_batch(rows_b)]):
+        cache.ingest("s", pull, pa.Table.from_batches(batch))
+    assert [t for t, _ in cache.frontier("s", END)] == ["child_token_1"]
+    assert cache.con.execute("SELECT count(*) FROM heartbeats WHERE partition_token = "
+                             "'child_token_4'").fetchone()[0] == 1
+    cache.close()

@@ -330,6 +330,12 @@ class _Plan:
                 self.waiting.pop(token, None)
                 self.ready[token] = start
 
+    def merge_parents_finished(self) -> list[str]:
+        """The finished parents of the merge children still waiting for another parent: a
+        task told them reads such a child itself once it finished the others."""
+        return sorted({p for parents, _ in self.waiting.values() for p in parents
+                       if p in self.finished})
+
     def take(self) -> list[tuple[str, int, int]]:
         """The readable partitions: (token, read from, its rows read before in this pull)."""
         parts, self.ready = list(self.ready.items()), {}
@@ -344,6 +350,7 @@ class _Plan:
         for token, state, budget, read_to, arrival in ends:
             seen.add(token)
             self.reading.discard(token)
+            self.waiting.pop(token, None)  # a merge child the task read itself
             if state == PartitionState.OPEN and budget:
                 self.ready[token] = read_to + 1  # as the cache's frontier continues it
                 self.arrived[token] = arrival  # its rows in this pull count on from there
@@ -413,8 +420,9 @@ class _Jobs:
     def free_slots(self) -> int:
         return self.slots - len(self.tasks)
 
-    def start(self, parts: list[tuple[str, int, int]]) -> None:
-        """One job of ``min(free slots, len(parts))`` tasks reading ``parts``."""
+    def start(self, parts: list[tuple[str, int, int]], finished: list[str] = ()) -> None:
+        """One job of ``min(free slots, len(parts))`` tasks reading ``parts``; ``finished``:
+        partitions finished before, whose merge children the tasks may complete."""
         import threading
 
         n = max(1, min(self.free_slots(), len(parts)))
@@ -432,6 +440,7 @@ class _Jobs:
             "threads": str(self.request.threads_per_task),
             "max_rows": str(self.request.max_rows_per_task),
             "max_seconds": str(self.request.task_seconds), "task_markers": "true",
+            "finished": json.dumps(list(finished)),
             "groups": json.dumps([[{"token": t, "start_ns": s, "arrival": a}
                                    for t, s, a in group] for group in groups]),
         }
@@ -636,7 +645,7 @@ def _read_all(spark, cache, stream, pull_id, src, request, parts, end_ns, report
         if jobs.free_slots() <= 0 or not plan.ready:
             return
         readable = plan.take()
-        jobs.start(readable)
+        jobs.start(readable, plan.merge_parents_finished())
         result.waves = jobs.started
         report(PullProgress(jobs.started, result.partitions_read, known, result.records,
                             f"job {jobs.started}: reading {len(readable)} partitions and the "
@@ -697,8 +706,9 @@ def _read_here(spark, cache, stream, pull_id, src, request, parts, end_ns, repor
                result) -> list[tuple[str, str]]:
     """``_read_all`` without Spark: this process reads ``parts`` and what they lead to with
     the tasks' own workflow (``threads_per_task`` at a time) and lands the rows as they come,
-    50k at a time, in one transaction per round; a merge whose parents finished in an earlier
-    pull is read in the next round. For small spans only: one process, no row budget."""
+    50k at a time, in one transaction per round; a merge child is read in the round that
+    finishes the last of its parents (those finished before are the cache's). For small spans
+    only: one process, no row budget."""
     from spark_backend.cache.ingest import ingest_stream
     from spark_backend.model.records import batched
     from spark_backend.spanner.workflow import read_partitions
@@ -712,7 +722,8 @@ def _read_here(spark, cache, stream, pull_id, src, request, parts, end_ns, repor
                             result.records, f"reading {len(parts)} partitions in this process"))
         rows = read_partitions(database, request.dialect, src.source_stream, parts, end_ns,
                                request.heartbeat_ms, threads=request.threads_per_task,
-                               max_attempts=request.max_attempts)
+                               max_attempts=request.max_attempts,
+                               finished=cache.finished_partitions(stream))
         ingest_stream(cache, stream, pull_id, (to_arrow_batch(b) for b in batched(rows, 4096)),
                       on_chunk=wave.count,
                       extra_sql=lambda w=wave: [_count_pull(pull_id, w.records, result.waves)])

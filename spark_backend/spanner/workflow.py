@@ -3,10 +3,12 @@ their children as they appear.
 
 A child with one parent (a split or a move) is read by the task that read its parent, as soon as
 the parent finished. A child with several parents (a merge) is read by this task once it read
-every parent; when its parents were read by different tasks, no task reads it: the driver reads
-it in the next wave, once the cache shows every parent finished (tasks share nothing but the
-network, so the hand-over goes through the results of the job). Either way every partition is
-read exactly once, after all its parents.
+every parent that had not finished before the task began (``finished``: the driver names those
+it knew of, the finished parents of merges still waiting for another). Only one task reads the
+last of them, so only that one reads the child. When its parents were read by tasks running at
+the same time, no task reads it: the driver reads it in the next wave, once every parent's task
+ended (tasks share nothing but the network, so the hand-over goes through the results of the
+job). Either way every partition is read exactly once, after all its parents.
 
 ``max_rows`` bounds what one task returns and ``max_seconds`` how long it reads: after that many
 rows or seconds, nothing new is started and each read stops at a new timestamp, ending with a
@@ -51,7 +53,7 @@ import queue
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from spark_backend.model.records import partition_end
@@ -83,10 +85,11 @@ class _Workflow:
     def __init__(self, read: Callable[[str, int], Iterator[dict]], threads: int, follow: bool,
                  max_rows: int | None = None, max_seconds: float | None = None,
                  keep_seconds: float = KEEP_SECONDS,
-                 park: Callable[[str, int, Iterator[dict], dict], None] | None = None):
+                 park: Callable[[str, int, Iterator[dict], dict], None] | None = None,
+                 finished: Iterable[str] = ()):
         """``park(token, start_ns, rows, row)``: what to do with a read stopped at its budget
         (``rows`` from ``row`` on, the read's next query would start at ``start_ns``); None:
-        the read is closed."""
+        the read is closed. ``finished``: partitions finished before (by other tasks)."""
         self.read = read
         self.park = park
         self.follow = follow
@@ -97,7 +100,7 @@ class _Workflow:
         # lists of rows (at most ROWS_QUEUED rows in full lists), or _DONE
         self.out: queue.Queue = queue.Queue(maxsize=max(1, ROWS_QUEUED // HAND_ON_ROWS))
         self.lock = threading.Lock()
-        self.finished: set[str] = set()
+        self.finished: set[str] = set(finished)  # by this task, or before it began
         self.scheduled: set[str] = set()
         self.waiting: dict[str, tuple[set[str], int]] = {}  # merge child -> (parents, start)
         self.outstanding = 0
@@ -412,10 +415,11 @@ def read_partitions(
     database, dialect: str, stream: str, roots: list[Root], end_ns: int,
     heartbeat_ms: int, *, threads: int = 8, follow_children: bool = True,
     max_attempts: int = 6, max_rows: int | None = None, max_seconds: float | None = None,
-    park_reads: bool = True,
+    park_reads: bool = True, finished: Iterable[str] = (),
 ) -> Iterator[dict[str, Any]]:
     """Rows of ``roots`` (token, start[, rows read of it before in this pull]) and, with
-    ``follow_children``, of their descendants that can be read here; ``threads`` partitions
+    ``follow_children``, of their descendants that can be read here (``finished``: partitions
+    finished before, whose merge children a read here may complete); ``threads`` partitions
     are read at the same time; ``max_rows`` and ``max_seconds`` bound the rows returned and
     the time taken (see the module doc)."""
 
@@ -433,4 +437,4 @@ def read_partitions(
         PARKED.park(key(token, start_ns), rows, row, keep=database)
 
     yield from _Workflow(read, threads, follow_children, max_rows, max_seconds,
-                         park=park if park_reads else None).rows(roots)
+                         park=park if park_reads else None, finished=finished).rows(roots)

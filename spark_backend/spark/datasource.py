@@ -61,7 +61,9 @@ class SpannerChangeStreamDataSource(DataSource):
     tasks: a JSON list of such lists, one per task, in task order), max_attempts, tasks (how
     many input partitions; default one per change stream partition), threads (partitions a task
     reads at the same time, default 8), follow_children ("true": a task goes on with the
-    children it can read itself), max_rows (a task stops its reads at the next timestamp
+    children it can read itself), finished (JSON list of partition tokens finished before
+    these tasks began: with follow_children, a task that finishes the last unfinished parent
+    of a merge reads the merge child itself), max_rows (a task stops its reads at the next timestamp
     after this many rows, leaving them ``open`` for the next task: bounds what a task hands
     to the driver), max_seconds (the same after this many seconds), task_markers ("true":
     each task ends with a ``partition_end`` row without a partition, naming the task's index,
@@ -121,6 +123,13 @@ class SpannerChangeStreamDataSourceReader(DataSourceReader):
                 '(optionally "arrival": the rows of it read before in this pull) and "groups" '
                 'a JSON list of such lists.'
             ) from e
+        try:
+            self.finished = json.loads(options.get("finished") or "[]")
+            if not isinstance(self.finished, list) or not all(
+                    isinstance(t, str) for t in self.finished):
+                raise TypeError
+        except (ValueError, TypeError) as e:
+            raise ValueError('Option "finished" must be a JSON list of partition tokens.') from e
         if self.groups is not None:
             self.parts = [p for group in self.groups for p in group]
         self.tasks = int(options.get("tasks", "0")) or max(1, len(self.parts))
@@ -161,7 +170,8 @@ class SpannerChangeStreamDataSourceReader(DataSourceReader):
         rows = read_partitions(
             database, self.dialect, self.stream, [tuple(p) for p in partition.parts],
             self.end_ns, self.heartbeat_ms, threads=self.threads,
-            follow_children=self.follow, max_attempts=self.max_attempts,
+            follow_children=self.follow, finished=self.finished,
+            max_attempts=self.max_attempts,
             max_rows=self.max_rows, max_seconds=self.max_seconds,
             # A stopped read is parked for the next task of this process only where the
             # process outlives its task (Spark's worker reuse, on by default, says so here).
