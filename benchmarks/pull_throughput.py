@@ -155,6 +155,17 @@ def tree_cpu_by_kind(pid: int) -> dict[str, float]:
     return kinds
 
 
+def machine_cpu() -> tuple[float, float]:
+    """(busy, idle) CPU seconds of the whole machine so far, all its CPUs (/proc/stat: idle
+    and iowait are idle, steal is neither)."""
+    with open("/proc/stat") as f:
+        ticks = [int(x) for x in f.readline().split()[1:]]
+    tick = os.sysconf("SC_CLK_TCK")
+    idle = ticks[3] + ticks[4]
+    busy = sum(ticks[:3]) + sum(ticks[5:7])
+    return busy / tick, idle / tick
+
+
 class PeakMemory:
     """Peak RSS sum and peak PSS of a process tree, sampled every 0.2 s."""
 
@@ -166,6 +177,8 @@ class PeakMemory:
         self.peak_pss_kb = 0
         self.peak_kinds: dict[str, int] = {}
         self.own_cpu = 0.0  # CPU seconds of this sampler's thread (it runs in the driver)
+        # seconds during which the machine's CPUs were saturated (idle under 5% of them)
+        self.saturated_s = 0.0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -178,7 +191,13 @@ class PeakMemory:
                                          "phase": progress.message[:60]}) + "\n")
 
     def _run(self):
+        cpus = os.cpu_count() or 1
+        then, idle0 = time.monotonic(), machine_cpu()[1]
         while not self._stop.is_set():
+            now, idle = time.monotonic(), machine_cpu()[1]
+            if now > then and idle - idle0 < 0.05 * cpus * (now - then):
+                self.saturated_s += now - then
+            then, idle0 = now, idle
             table = _proc_table()  # one walk of /proc per sample serves both
             self.peak_kb = max(self.peak_kb, tree_usage(self.pid, table)[0])
             kinds = tree_pss_by_kind(self.pid, table)
@@ -301,7 +320,7 @@ def path_line(path: dict, latency_ms: float) -> str:
     send = sum(s["send_s"] for s in steps)
     behind = sorted(steps, key=lambda s: s["pace_s"] - s["read_s"])[:3]
     worst = ", ".join(f"{s['token'][:8]} {s['read_s']:.1f}s for {s['pace_s']:.1f}"
-                      for s in behind if s["read_s"] > s["pace_s"])
+                      for s in behind if s["read_s"] > s["pace_s"] + 0.1)  # 100 ms: at pace
     return (f"its critical path at the server: {path['span_s']:.1f}s from the initial query "
             f"to the last response = initial query {path['initial_s']:.1f}s + {len(steps)} "
             f"partitions read in {reads:.1f}s ({sum(s['responses'] for s in steps):,} "
@@ -564,15 +583,20 @@ def run_project(host: str | None, dialect: str, stream: str, start: int, end: in
                 request = PullRequest(source="demo", dialect=dialect, spark_master=master)
             landing_memory = cache.memory_limit  # PULL_MEMORY_LIMIT or $CSI_DUCKDB_MEMORY
             cpu0, sampler0 = tree_cpu_by_kind(os.getpid()), mem.own_cpu if mem else 0.0
+            machine0, saturated0 = machine_cpu()[0], mem.saturated_s if mem else 0.0
             began = time.monotonic()
             result = run_pull(cache, request, progress=mem and mem.mark)
             seconds = time.monotonic() - began
             cpu1, sampler1 = tree_cpu_by_kind(os.getpid()), mem.own_cpu if mem else 0.0
+            machine1, saturated1 = machine_cpu()[0], mem.saturated_s if mem else 0.0
             if result.status != "complete":
                 raise SystemExit(f"pull failed: {result.error}")
             runs.append({"rows": result.records, "seconds": seconds, "waves": result.waves,
                          "partitions": result.partitions_read,
                          "cpu_s": _cpu_spent(cpu0, cpu1, sampler1 - sampler0),
+                         # the whole machine's (the server's and every thread's included)
+                         "machine_busy_s": round(machine1 - machine0, 2),
+                         "saturated_s": round(saturated1 - saturated0, 1),
                          # what the pull landed and its end summarized in: the end's more
                          # when DuckDB refused it the landings' (the cache opened again)
                          "landing_memory": landing_memory,
@@ -816,8 +840,13 @@ def _cpu_line(runs: list[dict]) -> str:
     cpu = run.get("cpu_s", {})
     total = sum(cpu.values())
     parts = ", ".join(f"{k} {v / run['seconds']:.2f}" for k, v in sorted(cpu.items()))
-    return (f"CPU of the median pull: {total / run['seconds']:.2f} cores ({parts}) of "
+    line = (f"CPU of the median pull: {total / run['seconds']:.2f} cores ({parts}) of "
             f"{os.cpu_count()}, {total / max(run['rows'], 1) * 1e6:.0f} us per record")
+    if "machine_busy_s" in run:
+        line += (f"; the machine's CPUs (the server and all else included) "
+                 f"{run['machine_busy_s'] / run['seconds']:.2f} busy, saturated (under 5% "
+                 f"idle) for {run['saturated_s']:.0f}s of the pull")
+    return line
 
 
 def _targets(rows: list[dict], demo: list[tuple[str, float]]) -> None:

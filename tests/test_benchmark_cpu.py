@@ -1,6 +1,7 @@
 """The pull benchmark's CPU accounting (``benchmarks/pull_throughput.py``): what it prints as a
 pull's CPU per process kind must be the CPU the processes really used."""
 
+import os
 import subprocess
 import sys
 
@@ -70,3 +71,32 @@ def test_cpu_line_gives_cores_and_microseconds_per_record(bench):
     line = bench._cpu_line(runs)
     assert "0.50 cores" in line and "JVM 0.10" in line and "driver 0.40" in line, line
     assert "50 us per record" in line, line
+    assert "machine's CPUs" not in line  # runs measured before the machine's figures
+    runs[0].update(machine_busy_s=18.0, saturated_s=6.2)
+    assert bench._cpu_line(runs).endswith(
+        "; the machine's CPUs (the server and all else included) 1.80 busy, saturated (under "
+        "5% idle) for 6s of the pull")
+
+
+def test_the_sampler_counts_the_seconds_the_machines_cpus_were_saturated(bench):
+    """A machine kept busy by as many spinning processes as it has CPUs is saturated for
+    most of the time; the same sampler over a sleep sees little of it."""
+    import multiprocessing
+    import time
+
+    def spin(until):
+        while time.monotonic() < until:
+            pass
+
+    with bench.PeakMemory() as idle:
+        time.sleep(1.5)
+    until = time.monotonic() + 2.0
+    procs = [multiprocessing.Process(target=spin, args=(until,))
+             for _ in range(os.cpu_count() or 1)]
+    with bench.PeakMemory() as busy:
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join()
+    assert busy.saturated_s >= 1.0, busy.saturated_s
+    assert idle.saturated_s <= 1.0, idle.saturated_s

@@ -213,6 +213,8 @@ def test_the_trace_tells_a_pulls_critical_path_through_the_parent_read_last():
     assert "30.0s from the initial query to the last response" in line
     assert "3 partitions read in 26.4s (330 responses, 6.6s at 20 ms; 4.0s of sends" in line
     assert "furthest behind the pace: B 13.4s for 4.0, D 9.0s for 1.6, C 4.0s for 1.0" in line
+    at_pace = {**path, "steps": [{**s, "read_s": s["pace_s"] + 0.05} for s in path["steps"]]}
+    assert "furthest behind" not in bench.path_line(at_pace, 20.0)
     assert bench.path_line({"steps": [], "span_s": 0.0}, 20.0) == \
         "the server saw no partition read"
 
