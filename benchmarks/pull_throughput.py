@@ -288,18 +288,19 @@ def critical_path(queries: list[list], parents: dict[str, tuple[str, ...]],
         s[0], s[1], s[2] = s[0] + responses, s[1] + 1, s[2] + send_s
     if None not in first:
         return {"steps": [], "span_s": 0.0}
+    def read_parents(token: str) -> list[str]:
+        return [p for p in parents.get(token, ()) if p in first]
+
     read = [t for t in first if t is not None]
     path: list[str] = []
     token = max(read, key=done.__getitem__) if read else None
     while token is not None:
         path.append(token)
-        known = [p for p in parents.get(token, ()) if p in first]
-        token = max(known, key=done.__getitem__) if known else None
+        token = max(read_parents(token), key=done.__getitem__, default=None)
     path.reverse()
     steps = []
     for token in path:
-        known = [p for p in parents.get(token, ()) if p in first]
-        ready = max(done[p] for p in known) if known else done[None]
+        ready = max((done[p] for p in read_parents(token)), default=done[None])
         responses, nqueries, send_s = stats[token]
         steps.append({"token": token, "wait_s": first[token] - ready,
                       "read_s": done[token] - first[token], "responses": responses,

@@ -17,7 +17,7 @@ import functools
 import json
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -420,7 +420,7 @@ class _Jobs:
     def free_slots(self) -> int:
         return self.slots - len(self.tasks)
 
-    def start(self, parts: list[tuple[str, int, int]], finished: list[str] = ()) -> None:
+    def start(self, parts: list[tuple[str, int, int]], finished: Iterable[str] = ()) -> None:
         """One job of ``min(free slots, len(parts))`` tasks reading ``parts``; ``finished``:
         partitions finished before, whose merge children the tasks may complete."""
         import threading
