@@ -631,3 +631,40 @@ def test_a_pull_reading_its_partitions_on_looks_up_no_stored_record(cache, monke
     assert (again.data_change, again.duplicates) == (1, 0)
     assert [s for s in seen if "FROM data_change_records" in s]
     assert con.execute("SELECT count(*) FROM data_change_records").fetchone() == (9,)
+
+
+def test_a_pulls_records_go_from_the_batch_as_they_are_and_store_what_grouping_would(
+        tmp_path, monkeypatch):
+    # A pull's batch repeats no record and holds none that may be stored: its records go
+    # to the stored tables straight from the batch, not through a grouped copy. A batch with
+    # a repeated record is grouped. Both store the same rows, mods included.
+    import spark_backend.cache.ingest as ingest
+
+    staged: list[bool] = []
+    stage = ingest._stage_data_change
+    monkeypatch.setattr(ingest, "_stage_data_change",
+                        lambda con, stream, grouped: (staged.append(grouped),
+                                                      stage(con, stream, grouped))[1])
+    _, rows = _demo_data_change_rows()
+    by_partition: dict[str, list[dict]] = {}
+    for row in rows:
+        by_partition.setdefault(row["partition_token"], []).append(row)
+    stored = {}
+    for repeat in (False, True):
+        staged.clear()
+        with Cache(tmp_path / f"c-{repeat}.duckdb", memory_limit="64MB", threads=1) as cache:
+            cache.ensure_stream("s", system="spanner")
+            duplicates = 0
+            for landing in by_partition.values():
+                batch = to_arrow_batch(landing + landing[:1] if repeat else landing)
+                duplicates += ingest_stream(cache, "s", 1, [batch]).duplicates
+            stored[repeat] = (
+                cache.con.execute("SELECT * EXCLUDE (copies) FROM data_change_records "
+                                  "ORDER BY ALL").fetchall(),
+                cache.con.execute("SELECT * FROM mods ORDER BY ALL").fetchall(),
+                cache.con.execute("SELECT sum(copies) FROM data_change_records").fetchone())
+        assert staged == ([True] * len(by_partition) if repeat else [False] * len(by_partition))
+        assert duplicates == (len(by_partition) if repeat else 0)
+    assert len(stored[False][0]) == len(rows) and len(stored[False][1]) > len(rows)
+    assert stored[False][:2] == stored[True][:2]
+    assert stored[True][2] == (len(rows) + len(by_partition),)
