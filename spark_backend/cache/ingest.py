@@ -187,9 +187,9 @@ def _data_change(con, stream, pull_id, count_existing, summarize) -> tuple[int, 
     if not repeated:
         _stage_data_change(con, stream, grouped=False)
         (new,) = con.execute(
-            "SELECT NOT coalesce(bool_or(coalesce(maybe OR here, true)), true) FROM _dc"
+            "SELECT NOT coalesce(bool_or(coalesce(maybe OR here, true)), false) FROM _dc"
         ).fetchone()
-    if new:  # every record is new, one copy each: straight from the batch
+    if new:  # every record (if any) is new, one copy each: straight from the batch
         rows = _DC_AS_THEY_ARE
     else:
         _stage_data_change(con, stream, grouped=True)
