@@ -321,3 +321,16 @@ def test_stream_name_validated_before_it_reaches_the_query():
     for bad in ["x; DROP TABLE t", "1abc", "a b", "", "x" * 200, 'a"b']:
         with pytest.raises(BadInput, match="not a valid change stream name"):
             validate_stream_name(bad)
+
+
+@pytest.mark.parametrize("value", [
+    None, True, 0, -7, 2.5, float("nan"), float("inf"), 1e300, "é\u2028\"\\", [], {},
+    [{"keys": {"z": 1, "a": [1, 2.0, None, "x"]}, "new_values": {}, "old_values": {"b": True}}],
+    {"b": {"d": 1, "c": [{"y": 1, "x": 2}]}, "a": "\u00e9\ud83d\ude00"},
+])
+def test_canonical_json_is_json_dumps_with_sorted_keys(value):
+    """The shared C encoder writes what ``json.dumps`` writes with the canonical options."""
+    from spark_backend.model.records import canonical_json
+
+    assert canonical_json(value) == json.dumps(value, sort_keys=True, separators=(",", ":"),
+                                               ensure_ascii=False)

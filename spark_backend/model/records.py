@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Iterator, Mapping
+from json.encoder import c_make_encoder as _c_make_encoder
+from json.encoder import encode_basestring as _encode_text
 from typing import Any
 
 from spark_backend.model.timestamps import TimestampError, coerce_ns
@@ -79,12 +81,19 @@ def batched(rows: Iterable[dict[str, Any]], size: int = 2048) -> Iterator[list[d
 
 def canonical_json(value: Any) -> str:
     """Compact JSON with sorted keys: the form keys are stored and looked up in."""
-    return _CANONICAL.encode(value)
+    if _ENCODE is None or isinstance(value, str):
+        return _CANONICAL.encode(value)
+    return "".join(_ENCODE(value, 0))
 
 
 # ``json.dumps`` with these options builds an encoder for each call; one shared encoder writes
 # the same text (it keeps no state between calls): a record's mods 5.3 -> 4.4 µs.
 _CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+# ... and its C encoder, made once: ``JSONEncoder.encode`` makes one for every call (~1.3 µs
+# of a record's mods). Without the circular-reference check: the values are parsed JSON and
+# the project's own dicts and lists.
+_ENCODE = None if _c_make_encoder is None else _c_make_encoder(
+    None, _CANONICAL.default, _encode_text, None, ":", ",", True, False, True)
 
 
 def _json_object(value: Any) -> Any:

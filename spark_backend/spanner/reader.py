@@ -404,11 +404,10 @@ def _fast_gsql(column_type, token: str | None):
     def json_value(v):
         """A JSON value's object (``{}`` for null or empty, as ``records._json_object``);
         raises ValueError for bad JSON, ``_SKIP`` for a value of another kind."""
-        s = text(v)
-        if s is _SKIP:
-            return s
+        s = v.string_value
         if not s:
-            return {}
+            kind = v.WhichOneof("kind")
+            return {} if kind == "string_value" or kind == "null_value" else _SKIP
         try:  # the C scanner without ``json.loads``'s two Python calls around it
             obj, end = scan(s, 0)
         except StopIteration:
@@ -446,11 +445,10 @@ def _fast_gsql(column_type, token: str | None):
     def mods_text(v):
         kind = v.WhichOneof("kind")
         if kind != "list_value":
-            return canonical_json([]) if kind == "null_value" else _SKIP
+            return _NO_MODS if kind == "null_value" else _SKIP
         mods = []
         for m in v.list_value.values:
-            if m.WhichOneof("kind") != "list_value":
-                return _SKIP
+            # a mod that is not a list reads as an empty one: the wrong width
             mv = m.list_value.values
             if len(mv) != mod_width:
                 return _SKIP
@@ -515,6 +513,7 @@ class _NoType:
 
 _NO_TYPE = _NoType()
 _SKIP = object()  # a value the direct decoder leaves to the general way
+_NO_MODS = "[]"  # ``canonical_json([])``
 
 
 # --- errors ----------------------------------------------------------------------------------
