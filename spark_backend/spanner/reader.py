@@ -445,7 +445,7 @@ def _fast_gsql(column_type, token: str | None):
     def mods_text(v):
         kind = v.WhichOneof("kind")
         if kind != "list_value":
-            return _NO_MODS if kind == "null_value" else _SKIP
+            return canonical_json([]) if kind == "null_value" else _SKIP
         mods = []
         for m in v.list_value.values:
             # a mod that is not a list reads as an empty one: the wrong width
@@ -513,7 +513,6 @@ class _NoType:
 
 _NO_TYPE = _NoType()
 _SKIP = object()  # a value the direct decoder leaves to the general way
-_NO_MODS = "[]"  # ``canonical_json([])``
 
 
 # --- errors ----------------------------------------------------------------------------------
