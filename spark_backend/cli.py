@@ -106,6 +106,8 @@ def build_parser() -> argparse.ArgumentParser:
 class _Progress:
     """One updating line on a terminal; a line per step otherwise."""
 
+    drawn = False  # a progress line is on the terminal (cleared before an error's line)
+
     def __init__(self):
         self.tty = sys.stderr.isatty()
 
@@ -118,13 +120,16 @@ class _Progress:
         if self.tty:
             sys.stderr.write("\r\033[K" + text)
             sys.stderr.flush()
+            _Progress.drawn = True
         else:
             print(text, flush=True)
 
-    def done(self) -> None:
-        if self.tty:
+    @staticmethod
+    def done() -> None:
+        if _Progress.drawn:
             sys.stderr.write("\r\033[K")
             sys.stderr.flush()
+            _Progress.drawn = False
 
 
 def _check_cache_path(path: str, must_exist: bool = False) -> None:
@@ -438,16 +443,20 @@ def main(argv: list[str] | None = None) -> int:
         check_args(args)
         return COMMANDS[args.command](args)
     except BadInput as e:
+        _Progress.done()  # the error on a line of its own, not after a progress line
         print(f"error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except InspectorError as e:
+        _Progress.done()
         print(f"error: {e}", file=sys.stderr)
         return EXIT_FAILED
     except KeyboardInterrupt:
-        print("interrupted: the cache is consistent; run the same pull again to resume.",
-              file=sys.stderr)
+        _Progress.done()
+        again = ("; run the same pull again to resume" if args.command == "pull" else "")
+        print(f"interrupted: the cache is consistent{again}.", file=sys.stderr)
         return 130
     except Exception as e:  # last resort: still one line, never a traceback
+        _Progress.done()
         first = (str(e).splitlines() or [""])[0]
         print(f"error: unexpected {type(e).__name__}: {first}", file=sys.stderr)
         return EXIT_FAILED

@@ -92,6 +92,7 @@ CLI_CASES = [
     ("pull --source nowhere --cache {cache}", 2, "--source"),
     ("pull --source demo --spark-master foo://x --cache {cache}", 2, "--spark-master"),
     ("pull --source demo --spark-remote http://x --cache {cache}", 2, "--spark-remote"),
+    ("pull --source demo --spark-master local[0] --cache {cache}", 2, "local[N] (N >= 1)"),
     ("pull --source spanner --cache {cache}", 2, "needs"),
     ("pull --source spanner --project bad/proj --instance i --database d --stream S "
      "--cache {cache}", 2, "project"),
@@ -142,6 +143,87 @@ CLI_CASES = [
     ("frobnicate", 2, "invalid choice"),
     ("pull --no-such-flag 1", 2, "unrecognized arguments"),
 ]
+
+
+@pytest.mark.parametrize(("variable", "value", "command"), [
+    ("CSI_SPARK_MASTER", "bogus://x", "pull --source demo --cache {dir}/new-m.duckdb"),
+    ("SPARK_REMOTE", "http://x", "pull --source demo --cache {dir}/new-r.duckdb"),
+    ("CSI_SPARK_MASTER", "local[0]",
+     "import --format recording --stream S {dir}/good.jsonl --cache {dir}/new-i.duckdb"),
+])
+def test_a_bad_spark_setting_in_the_environment_is_named(place, variable, value, command):
+    """A Spark URL from the environment is checked before anything starts (no cache file is
+    made) and the sentence names the variable, not a flag the user did not give."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), variable: value}
+    env.pop("CSI_CACHE", None)
+    if variable != "SPARK_REMOTE":
+        env.pop("SPARK_REMOTE", None)
+    argv = _argv(command, place)
+    done = subprocess.run([sys.executable, "-m", "spark_backend", *argv], cwd=str(place["dir"]),
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 2, (done.returncode, done.stderr)
+    line = one_error_line(done.stderr)
+    assert f"${variable} {value!r}" in line and "--spark" not in line, line
+    assert not Path(argv[argv.index("--cache") + 1]).exists()
+
+
+@pytest.mark.parametrize(("argv", "code", "words"), [
+    (["--scale", "0"], 2, "--scale 0.0"),
+    (["--scale", "nan"], 2, "--scale nan"),
+    (["--port", "99999"], 2, "--port 99999"),
+    (["--latency-ms", "-1"], 2, "--latency-ms"),
+    (["--dialect", "mysql"], 2, "--dialect"),
+    (["--port", "PORT_IN_USE"], 1, "give a free --port"),
+])
+def test_the_demo_servers_command_line_answers_in_one_sentence(argv, code, words):
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        done = subprocess.run(
+            [sys.executable, "-m", "spark_backend.demo.server",
+             *[port if a == "PORT_IN_USE" else a for a in argv]],
+            cwd=str(ROOT), env={**os.environ, "PYTHONPATH": str(ROOT)}, input="",
+            capture_output=True, text=True, timeout=120)
+    assert done.returncode == code, (done.returncode, done.stderr)
+    line = one_error_line(done.stderr)
+    assert words in line, line
+    assert done.stdout == ""
+
+
+def test_an_interrupt_after_a_progress_line_starts_a_line_of_its_own(monkeypatch, capsys):
+    """On a terminal the progress is one line redrawn in place: Ctrl-C (or an error) clears it
+    before its sentence instead of writing after it; only a pull is told to run again."""
+    from spark_backend import cli
+
+    class Terminal:
+        def __init__(self):
+            self.text = ""
+
+        def isatty(self):
+            return True
+
+        def write(self, text):
+            self.text += text
+
+        def flush(self):
+            pass
+
+    def interrupted(args):
+        cli._Progress()("wave 1: reading")
+        raise KeyboardInterrupt
+
+    for command, said in (("report", "interrupted: the cache is consistent.\n"),
+                          ("pull", "interrupted: the cache is consistent; run the same pull "
+                                   "again to resume.\n")):
+        terminal = Terminal()
+        monkeypatch.setattr(sys, "stderr", terminal)
+        monkeypatch.setattr(cli, "check_args", lambda args: None)
+        monkeypatch.setitem(cli.COMMANDS, command, interrupted)
+        assert cli.main([command, "--cache", "unused.duckdb"]) == 130
+        assert terminal.text == "\r\033[Kwave 1: reading\r\033[K" + said, terminal.text
 
 
 def _argv(template: str, place: dict[str, Path]) -> list[str]:

@@ -197,3 +197,75 @@ def test_spark_start_failure_names_its_log_file(tmp_path):
     assert len(lines) == 1 and str(log) in lines[0], (out.stdout, out.stderr[-2000:])
     assert_no_spark_output(out)
     assert log.stat().st_size > 0  # Spark's own words went to the file
+
+
+def _require_network_namespaces() -> None:
+    from tests.support.cluster import netns_missing
+
+    reason = netns_missing()
+    if reason is None:
+        return
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(f"the cluster test cannot give its workers their own network on CI: {reason}")
+    pytest.skip(f"the cluster test needs workers with their own network: {reason}")
+
+
+def test_a_pull_on_workers_of_another_network_equals_the_ground_truth(tmp_path):
+    """Workers in their own network namespace (a veth pair to this one) are another machine:
+    their 127.0.0.1 is not the driver's. With no SPARK_LOCAL_IP set, as on a user's machine,
+    the driver gives them its address on the way to the master, the demo world's server
+    listens there too, and the pull equals the ground truth."""
+    from spark_backend.spark.session import driver_address
+    from tests.support.cluster import private_network
+
+    _require_private_mounts()
+    _require_network_namespaces()
+    hidden = tmp_path / "cache"
+    hidden.mkdir()
+    with private_network() as (ns, near, far), \
+            standalone_cluster(tmp_path / "logs", workers=2, hidden=[hidden], project_root=ROOT,
+                               host=near, network=(ns, far)) as running:
+        env = {k: v for k, v in os.environ.items() if k != "SPARK_LOCAL_IP"}
+        saved = os.environ.pop("SPARK_LOCAL_IP", None)
+        try:
+            assert driver_address(running.master_url) == near
+        finally:
+            if saved is not None:
+                os.environ["SPARK_LOCAL_IP"] = saved
+        out = subprocess.run(
+            [sys.executable, "-m", "spark_backend", "pull", "--source", "demo",
+             "--spark-master", running.master_url, "--cache", str(hidden / "demo.duckdb")],
+            cwd=ROOT, env={k: v for k, v in env.items() if k != "SPARK_REMOTE"},
+            capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr[-3000:]
+        assert "pulled 28,000 records from 41 partitions" in out.stdout
+        assert_no_spark_output(out)
+        with Cache(hidden / "demo.duckdb") as cache:
+            assert_equals_world(cache, "DemoStream", build_world())
+        logs = [log.read_text(errors="replace") for log in running.log_dir.glob("worker-*.log")]
+        launched = [text for text in logs if "Asked to launch executor" in text]
+        assert len(launched) == 2, "both workers ran executors"
+        assert all(f"CoarseGrainedScheduler@{near}:" in text for text in launched)
+
+
+def test_the_driver_address_follows_the_master(monkeypatch):
+    """Local Spark and a master on the loopback keep the driver on 127.0.0.1; a chosen
+    SPARK_LOCAL_IP wins; a master elsewhere gets this machine's address on the way to it."""
+    import shutil
+
+    from spark_backend.spark.session import driver_address
+
+    monkeypatch.delenv("SPARK_LOCAL_IP", raising=False)
+    for master in ("local[*]", "local[2]", "spark://127.0.0.1:7077", "spark://localhost:7077",
+                   "spark://127.0.0.1:7077,localhost:7078", "k8s://https://127.0.0.1:6443"):
+        assert driver_address(master) == "127.0.0.1", master
+    if shutil.which("ip") is None:
+        pytest.skip("iproute2's ip is not installed: no second opinion on the route")
+    route = subprocess.run(["ip", "-o", "route", "get", "198.51.100.7"], capture_output=True,
+                           text=True)
+    words = route.stdout.split()
+    expected = words[words.index("src") + 1] if "src" in words else None
+    assert driver_address("spark://198.51.100.7:7077") == expected
+    monkeypatch.setenv("SPARK_LOCAL_IP", "10.9.8.7")
+    assert driver_address("spark://198.51.100.7:7077") == "10.9.8.7"
+    assert driver_address("local[*]") == "10.9.8.7"

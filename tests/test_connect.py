@@ -75,3 +75,14 @@ def test_no_connect_server_is_one_sentence(tmp_path):
     out = cli("pull", "--source", "demo", "--spark-remote", "http://nope",
               "--cache", str(tmp_path / "c.duckdb"), timeout=120)
     assert out.returncode == 2 and "sc://HOST[:PORT]" in out.stderr, out.stderr
+
+
+def test_an_explicit_master_wins_over_an_exported_spark_remote(tmp_path):
+    """SPARK_REMOTE names a Connect server nobody runs: a pull given --spark-master uses that
+    master (it would fail at once if it went to the server)."""
+    url = f"sc://127.0.0.1:{free_port()}"
+    out = cli("pull", "--source", "demo", "--demo-scale", "0.05", "--spark-master", "local[1]",
+              "--cache", str(tmp_path / "c.duckdb"), env={"SPARK_REMOTE": url}, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "pulled" in out.stdout and url not in out.stdout + out.stderr
+    assert_no_spark_output(out)

@@ -440,7 +440,8 @@ class _Pace:
 
 
 class DemoServer:
-    """Serve ``world`` over the Spanner gRPC API on 127.0.0.1 (see module doc)."""
+    """Serve ``world`` over the Spanner gRPC API on 127.0.0.1, or on ``host`` (the address a
+    remote cluster's executors reach this machine at; see module doc)."""
 
     def __init__(
         self,
@@ -457,6 +458,7 @@ class DemoServer:
         chunk_every: int = 61,
         max_workers: int = 64,
         port: int = 0,
+        host: str = "127.0.0.1",
         remembered_queries: int = 32,
     ):
         dialect = dialect.lower()
@@ -478,6 +480,7 @@ class DemoServer:
         self.chunk_every = max(1, chunk_every)
         self._max_workers = max_workers
         self._port = port
+        self._host = f"[{host}]" if ":" in host else host
         self._server: grpc.Server | None = None
         self._address: str | None = None
         self._lock = threading.Lock()
@@ -537,12 +540,12 @@ class DemoServer:
             options=[("grpc.so_reuseport", 0)],
         )
         server.add_generic_rpc_handlers(self._handlers())
-        port = server.add_insecure_port(f"127.0.0.1:{self._port}")
+        port = server.add_insecure_port(f"{self._host}:{self._port}")
         if not port:
-            raise OSError(f"could not bind 127.0.0.1:{self._port}")
+            raise OSError(f"could not bind {self._host}:{self._port}")
         server.start()
         self._server = server
-        self._address = f"127.0.0.1:{port}"
+        self._address = f"{self._host}:{port}"
         return self._address
 
     def stop(self, grace: float | None = 0.5) -> None:
@@ -966,8 +969,14 @@ def main(argv: list[str] | None = None) -> int:
     import sys
 
     from spark_backend.demo.world import build_world
+    from spark_backend.model import checks
+    from spark_backend.model.errors import BadInput
 
-    parser = argparse.ArgumentParser(prog="python -m spark_backend.demo.server")
+    class Parser(argparse.ArgumentParser):
+        def error(self, message: str):  # one line instead of usage + message
+            self.exit(2, f"error: {message} (see `{self.prog} --help`)\n")
+
+    parser = Parser(prog="python -m spark_backend.demo.server")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--scale", type=float, default=1.0)
     parser.add_argument("--dialect", choices=["googlesql", "postgresql"], default="googlesql")
@@ -976,6 +985,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--partition-mode", choices=["IMMUTABLE_KEY_RANGE", "MUTABLE_KEY_RANGE"],
                         default="IMMUTABLE_KEY_RANGE")
     args = parser.parse_args(argv)
+    try:
+        checks.number(args.scale, "--scale", *checks.DEMO_SCALE)
+        checks.integer(args.seed, "--seed", *checks.DEMO_SEED)
+        checks.number(args.latency_ms, "--latency-ms", 0.0, 60_000.0, "milliseconds")
+        checks.integer(args.port, "--port", 0, 65_535)
+    except BadInput as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if args.port:  # asked before gRPC, whose refusal is a log line and a traceback
+        import socket
+
+        try:
+            with socket.socket() as probe:
+                probe.bind(("127.0.0.1", args.port))
+        except OSError as e:
+            print(f"error: the demo server cannot listen on 127.0.0.1:{args.port} "
+                  f"({e.strerror or e}); give a free --port, or 0 for any.", file=sys.stderr)
+            return 1
     server = DemoServer(build_world(args.seed, args.scale, args.partition_mode), args.dialect,
                         latency_ms=args.latency_ms, port=args.port)
     address = server.start()

@@ -49,8 +49,7 @@ def check_import(stream: str, fmt: str, paths: list[str], spark_master: str | No
                  spark_remote: str | None = None) -> None:
     checks.cache_stream_name(stream, "--stream")
     formats.get(fmt)
-    checks.spark_master(spark_master)
-    checks.spark_remote(spark_remote)
+    checks.spark_choice(spark_master, spark_remote)
     from spark_backend.jobs.files import expand_paths
 
     expand_paths(paths)

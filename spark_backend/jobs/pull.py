@@ -166,8 +166,9 @@ def _validated(request: PullRequest) -> PullRequest:
 
 
 @contextlib.contextmanager
-def _open_source(request: PullRequest) -> Iterator[_Source]:
-    """Start what the source needs (demo server, emulator) and stop it afterwards."""
+def _open_source(request: PullRequest, bind: str = "127.0.0.1") -> Iterator[_Source]:
+    """Start what the source needs (demo server, emulator) and stop it afterwards; ``bind``:
+    the address of this machine the executors reach (a demo server listens there)."""
     if request.source == "demo":
         from spark_backend.demo.server import DemoServer
         from spark_backend.demo.world import DEMO_STREAM, build_world
@@ -180,10 +181,10 @@ def _open_source(request: PullRequest) -> Iterator[_Source]:
             # Kept for the process: the next pull of the same world skips building and
             # encoding it again (the dashboard pulls again and again).
             world, host = _warm_demo(request.demo_seed, request.demo_scale,
-                                     request.dialect or "googlesql")
+                                     request.dialect or "googlesql", bind)
         else:
             world = build_world(seed=request.demo_seed, scale=request.demo_scale)
-            server = DemoServer(world, dialect=request.dialect or "googlesql",
+            server = DemoServer(world, dialect=request.dialect or "googlesql", host=bind,
                                 **request.demo_faults)
             host = server.start()
         try:
@@ -243,17 +244,17 @@ def demo_world(seed: int, scale: float) -> Any:
     return build_world(seed=seed, scale=scale)
 
 
-def _warm_demo(seed: int, scale: float, dialect: str) -> tuple[Any, str]:
-    """A demo server for this process, one per (seed, scale, dialect), remembering every
-    encoded query; stopped when the process exits."""
+def _warm_demo(seed: int, scale: float, dialect: str, bind: str) -> tuple[Any, str]:
+    """A demo server for this process, one per (seed, scale, dialect, address), remembering
+    every encoded query; stopped when the process exits."""
     import atexit
 
     from spark_backend.demo.server import DemoServer
 
-    key = (seed, scale, dialect)
+    key = (seed, scale, dialect, bind)
     if key not in _demo_servers:
         world = demo_world(seed, scale)
-        server = DemoServer(world, dialect=dialect,
+        server = DemoServer(world, dialect=dialect, host=bind,
                             remembered_queries=2 * len(world.partitions) + 8)
         server.start()
         atexit.register(server.stop)
@@ -781,7 +782,12 @@ def run_pull(
     # Start the JVM before any gRPC channel exists: forking next to gRPC threads is fragile.
     spark = (spark_session(request.spark_master, request.spark_remote)
              if request.reader == "spark" else None)
-    with _open_source(request) as src:
+    bind = "127.0.0.1"
+    if spark is not None:
+        from spark_backend.spark.session import executor_facing_address
+
+        bind = executor_facing_address(spark)
+    with _open_source(request, bind) as src:
         src, request, dialect_error = _settle_dialect(src, request)
         stream = request.stream or src.source_stream
         start_ns = request.start if request.start is not None else src.default_start_ns

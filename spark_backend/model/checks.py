@@ -7,15 +7,17 @@ input, what was wrong and what is accepted.
 from __future__ import annotations
 
 import math
+import os
 import re
 from typing import Any
 
+from spark_backend.model import config
 from spark_backend.model.errors import BadInput
 
 CACHE_STREAM_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]{0,127}$")
 # The one definition of the Spark URLs we accept (the session checks with these too).
 SPARK_MASTER_RE = re.compile(
-    r"^(local(\[(\*|\d+)(,\d+)?\])?|local-cluster\[\d+,\d+,\d+\]|spark://[^\s/]+:\d+"
+    r"^(local(\[(\*|0*[1-9]\d*)(,\d+)?\])?|local-cluster\[\d+,\d+,\d+\]|spark://[^\s/]+:\d+"
     r"(,[^\s/]+:\d+)*|yarn|k8s://\S+)$"
 )
 SPARK_REMOTE_RE = re.compile(
@@ -58,23 +60,39 @@ def cache_stream_name(name: Any, label: str = "--as") -> str:
     return name
 
 
-def spark_master(value: str | None) -> str | None:
+def spark_master(value: str | None, label: str = "--spark-master") -> str | None:
+    """``label``: where the value came from (the flag, or ``$CSI_SPARK_MASTER``)."""
     if value is not None and not SPARK_MASTER_RE.match(value):
         raise BadInput(
-            f"--spark-master {value!r} is not a Spark master URL; accepted are local[*], "
-            "local[N], spark://HOST:PORT, yarn and k8s://https://HOST:PORT.",
+            f"{label} {value!r} is not a Spark master URL; accepted are local[*], "
+            "local[N] (N >= 1), spark://HOST:PORT, yarn and k8s://https://HOST:PORT.",
             field="spark_master",
         )
     return value
 
 
-def spark_remote(value: str | None) -> str | None:
+def spark_remote(value: str | None, label: str = "--spark-remote") -> str | None:
+    """``label``: where the value came from (the flag, or ``$SPARK_REMOTE``)."""
     if value is not None and not SPARK_REMOTE_RE.match(value):
         raise BadInput(
-            f"--spark-remote {value!r} is not a Spark Connect URL; accepted is "
+            f"{label} {value!r} is not a Spark Connect URL; accepted is "
             "sc://HOST[:PORT] (default port 15002).", field="spark_remote",
         )
     return value
+
+
+def spark_choice(master: str | None, remote: str | None) -> None:
+    """The Spark a job will use: the flags, and the environment variables it falls back on
+    (``session.spark_session``), each named as given."""
+    spark_master(master)
+    spark_remote(remote)
+    if master or remote:
+        return
+    if os.environ.get(config.SPARK_REMOTE_ENVVAR):
+        spark_remote(os.environ[config.SPARK_REMOTE_ENVVAR], f"${config.SPARK_REMOTE_ENVVAR}")
+    else:
+        spark_master(os.environ.get(config.SPARK_MASTER_ENVVAR) or None,
+                     f"${config.SPARK_MASTER_ENVVAR}")
 
 
 def pull_values(request: Any) -> None:
@@ -90,5 +108,4 @@ def pull_values(request: Any) -> None:
     integer(request.max_rows_per_task, "max_rows_per_task", 100, 10_000_000,
             field="max_rows_per_task")
     number(request.task_seconds, "task_seconds", 0.5, 3600, "seconds", field="task_seconds")
-    spark_master(request.spark_master)
-    spark_remote(request.spark_remote)
+    spark_choice(request.spark_master, request.spark_remote)

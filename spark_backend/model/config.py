@@ -102,6 +102,5 @@ def quiet_local_client_env() -> None:
     os.environ.setdefault("SPANNER_DISABLE_BUILTIN_METRICS", "true")
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     # gRPC's fork handlers break channels when Spark forks its JVM launcher and workers.
     os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")

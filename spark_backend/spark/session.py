@@ -10,6 +10,7 @@ YARN/Kubernetes and Spark Connect.
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import logging
 import os
 import re
@@ -70,6 +71,82 @@ def validate_master(master: str) -> str:
     return checks.spark_master(master)
 
 
+def _loopback(host: str) -> bool:
+    """True when every address ``host`` names is this machine's loopback."""
+    try:
+        infos = socket.getaddrinfo(host.strip("[]"), None)
+    except (OSError, UnicodeError):
+        return False
+    return bool(infos) and all(
+        ipaddress.ip_address(info[4][0].split("%")[0]).is_loopback for info in infos)
+
+
+def _route_source(host: str, port: int) -> str | None:
+    """The address of this machine that the network reaches ``host`` from (the kernel's choice
+    of source address for a datagram to it: nothing is sent), or None without a route."""
+    try:
+        for family, kind, proto, _, sockaddr in socket.getaddrinfo(
+                host.strip("[]"), port, type=socket.SOCK_DGRAM):
+            with socket.socket(family, kind, proto) as s:
+                try:
+                    s.connect(sockaddr)
+                except OSError:
+                    continue
+                return s.getsockname()[0]
+    except (OSError, UnicodeError):
+        pass
+    return None
+
+
+def _master_hosts(master: str) -> list[tuple[str, int]]:
+    """(host, port) of each master a URL names: ``spark://A:7077,B:7077``, ``k8s://https://H:P``
+    (none for ``yarn`` and ``local``)."""
+    if master.startswith("spark://"):
+        rest = master[len("spark://"):].split(",")
+    elif master.startswith("k8s://"):
+        rest = [master[len("k8s://"):].split("://", 1)[-1].split("/", 1)[0]]
+    else:
+        return []
+    hosts = []
+    for address in rest:
+        host, _, port = address.rpartition(":")
+        if not host:
+            host, port = address, "443"
+        hosts.append((host.strip("[]"), int(port) if port.isdigit() else 443))
+    return hosts
+
+
+def driver_address(master: str) -> str | None:
+    """The address the driver listens on and gives its executors (and that a source served by
+    this process binds to): ``$SPARK_LOCAL_IP`` when set; 127.0.0.1 for local Spark and for a
+    master on this machine's loopback; otherwise this machine's address on the way to the
+    master (the executors of a real cluster cannot reach the driver's loopback), or None:
+    Spark's own choice, the host name's address (YARN, or no route to the master)."""
+    chosen = os.environ.get("SPARK_LOCAL_IP")
+    if chosen:
+        return chosen
+    if master.startswith("local"):
+        return "127.0.0.1"
+    hosts = _master_hosts(master)
+    if hosts and all(_loopback(host) for host, _ in hosts):
+        return "127.0.0.1"
+    for host, port in hosts:
+        address = _route_source(host, port)
+        if address:
+            return address
+    return None
+
+
+def executor_facing_address(spark) -> str:
+    """The address of this process that the session's executors reach it at: where a source
+    this process serves (the demo world) must listen for them."""
+    if is_remote(spark):  # the Connect server's executors: on its side of the network
+        host = spark.client.host.strip("[]")
+        return "127.0.0.1" if _loopback(host) else (_route_source(host, 15002) or "127.0.0.1")
+    host = spark.sparkContext.getConf().get("spark.driver.host", "127.0.0.1")
+    return "127.0.0.1" if _loopback(host) else host
+
+
 def validate_remote(remote: str) -> tuple[str, int]:
     checks.spark_remote(remote)
     m = _REMOTE_RE.match(remote)
@@ -89,20 +166,27 @@ def one_line(error: BaseException) -> str:
 def spark_session(master: str | None = None, remote: str | None = None):
     """Get (or create) the session (``data_sources`` registers the project's data sources).
 
-    ``remote`` (or env SPARK_REMOTE) selects Spark Connect (``sc://host:15002``); otherwise
-    ``master`` (or env CSI_SPARK_MASTER), default ``local[*]``, bound to 127.0.0.1.
+    ``remote`` selects Spark Connect (``sc://host:15002``), ``master`` a classic session; with
+    neither, env SPARK_REMOTE, then env CSI_SPARK_MASTER, then ``local[*]`` (an explicit
+    ``master`` is not overridden by an exported SPARK_REMOTE). ``driver_address`` says where
+    the driver listens.
     Raises ``BadInput`` for a malformed URL and ``SparkUnavailable`` (one sentence naming the
     log file) when Spark does not start.
     """
     config.quiet_local_client_env()
-    remote = remote or os.environ.get(config.SPARK_REMOTE_ENVVAR)
-    master = master or os.environ.get(config.SPARK_MASTER_ENVVAR) or "local[*]"
+    remote_label, master_label = "--spark-remote", "--spark-master"
+    if not remote and not master:
+        remote, remote_label = os.environ.get(config.SPARK_REMOTE_ENVVAR), "$SPARK_REMOTE"
+    if not master and not remote:
+        master, master_label = os.environ.get(config.SPARK_MASTER_ENVVAR), "$CSI_SPARK_MASTER"
+    master = master or "local[*]"
     with _lock:
         _python_logs_to_file()
         if remote:
+            checks.spark_remote(remote, remote_label)
             spark = _connect_session(remote)
         else:
-            spark = _classic_session(validate_master(master))
+            spark = _classic_session(checks.spark_master(master, master_label))
         jvm_launched.set()
     return spark
 
@@ -235,12 +319,17 @@ def _classic_session(master: str):
     if active is not None:
         return SparkSession.builder.getOrCreate()
     _check_standalone_master(master)
+    # A master given beside an exported SPARK_REMOTE wins (``spark_session``): Spark's launcher
+    # and pyspark's builder would take the variable for a Connect session (the launcher refuses
+    # both), so this process, whose one session is classic, drops it.
+    os.environ.pop(config.SPARK_REMOTE_ENVVAR, None)
+    address = driver_address(master)
+    if address:  # what the JVM, launched below, advertises (its block manager's files too)
+        os.environ["SPARK_LOCAL_IP"] = address
     conf = (
         SparkConf()
         .setMaster(master)
         .setAppName("changestream-inspector")
-        .set("spark.driver.host", os.environ.get("SPARK_LOCAL_IP", "127.0.0.1"))
-        .set("spark.driver.bindAddress", os.environ.get("SPARK_LOCAL_IP", "127.0.0.1"))
         .set("spark.ui.enabled", "false")
         .set("spark.ui.showConsoleProgress", "false")
         .set("spark.sql.shuffle.partitions", "4")
@@ -288,6 +377,8 @@ def _classic_session(master: str):
         .set("spark.ui.retainedStages", "100")
         .set("spark.sql.ui.retainedExecutions", "100")
     )
+    if address:
+        conf.set("spark.driver.host", address).set("spark.driver.bindAddress", address)
     for name in config.ALLOCATOR_ENV:  # a cluster's executors do not inherit the driver's env
         if name in os.environ:
             conf.set(f"spark.executorEnv.{name}", os.environ[name])
@@ -315,10 +406,9 @@ def _check_standalone_master(master: str) -> None:
     """A standalone master that does not answer: say so at once (Spark retries for a minute)."""
     if not master.startswith("spark://"):
         return
-    for address in master[len("spark://"):].split(","):
-        host, _, port = address.rpartition(":")
+    for host, port in _master_hosts(master):
         try:
-            socket.create_connection((host, int(port)), timeout=3).close()
+            socket.create_connection((host, port), timeout=3).close()
             return
         except OSError:
             continue

@@ -37,17 +37,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _wait_port(port: int, proc: subprocess.Popen, log: Path, timeout: float = 120.0) -> None:
+def _wait_port(port: int, proc: subprocess.Popen, log: Path, timeout: float = 120.0,
+               host: str = "127.0.0.1") -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"{proc.args[0]} exited ({proc.returncode}); see {log}")
         try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            socket.create_connection((host, port), timeout=1).close()
             return
         except OSError:
             time.sleep(0.3)
-    raise RuntimeError(f"nothing listens on 127.0.0.1:{port} after {timeout:.0f}s; see {log}")
+    raise RuntimeError(f"nothing listens on {host}:{port} after {timeout:.0f}s; see {log}")
 
 
 def unshare_missing() -> str | None:
@@ -61,6 +62,47 @@ def unshare_missing() -> str | None:
     if probe.returncode != 0:
         return f"unshare -m with a tmpfs mount is not allowed here: {probe.stderr.strip()}"
     return None
+
+
+def netns_missing() -> str | None:
+    """Why workers cannot get a network of their own here (None: they can)."""
+    if shutil.which("ip") is None:
+        return "iproute2's ip is not installed"
+    if os.geteuid() != 0:
+        return "a network namespace per worker (ip netns) needs root"
+    name = f"csi-probe-{os.getpid()}"
+    probe = subprocess.run(["ip", "netns", "add", name], capture_output=True, text=True)
+    if probe.returncode != 0:
+        return f"ip netns add is not allowed here: {probe.stderr.strip()}"
+    subprocess.run(["ip", "netns", "del", name], capture_output=True)
+    return None
+
+
+@contextmanager
+def private_network() -> Iterator[tuple[str, str, str]]:
+    """A network namespace joined to this machine's only by a pair of virtual interfaces:
+    yields (namespace, this side's address, the namespace's address). A process in it is
+    like another machine on the same network: it reaches this one at this side's address
+    only (127.0.0.1 there is its own loopback, with nothing listening)."""
+    tag = f"{os.getpid() % 100_000}"
+    ns, near_if, far_if = f"csi-net-{tag}", f"csih{tag}", f"csin{tag}"
+    net = f"198.18.{os.getpid() % 250}"  # 198.18.0.0/15: for network tests (RFC 2544)
+    near, far = f"{net}.1", f"{net}.2"
+    steps = [["ip", "netns", "add", ns],
+             ["ip", "link", "add", near_if, "type", "veth", "peer", "name", far_if],
+             ["ip", "link", "set", far_if, "netns", ns],
+             ["ip", "addr", "add", f"{near}/30", "dev", near_if],
+             ["ip", "link", "set", near_if, "up"],
+             ["ip", "-n", ns, "addr", "add", f"{far}/30", "dev", far_if],
+             ["ip", "-n", ns, "link", "set", far_if, "up"],
+             ["ip", "-n", ns, "link", "set", "lo", "up"]]
+    try:
+        for step in steps:
+            subprocess.run(step, check=True, capture_output=True, text=True)
+        yield ns, near, far
+    finally:
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True)  # its end of the pair
+        subprocess.run(["ip", "link", "del", near_if], capture_output=True)  # gone with it
 
 
 def _private_mounts_script(hidden: list[Path], keep: list[Path]) -> str:
@@ -113,9 +155,12 @@ class Cluster:
 def standalone_cluster(log_dir: Path, *, workers: int = 2, cores: int = 1,
                        memory: str = "1g", hidden: list[Path] = (),
                        project_root: Path | None = None,
-                       isolated: bool = True) -> Iterator[Cluster]:
-    """A master and ``workers`` workers on 127.0.0.1, each worker (``isolated``) in its own
-    mount namespace with a private /tmp and private ``hidden`` folders."""
+                       isolated: bool = True, host: str = "127.0.0.1",
+                       network: tuple[str, str] | None = None) -> Iterator[Cluster]:
+    """A master on ``host`` and ``workers`` workers, each worker (``isolated``) in its own
+    mount namespace with a private /tmp and private ``hidden`` folders; with ``network``
+    (a namespace and its address, ``private_network``) the workers run in that network
+    namespace, at that address, and reach the master at ``host``."""
     log_dir.mkdir(parents=True, exist_ok=True)
     home = spark_home()
     project = [str(project_root)] if project_root else []
@@ -126,13 +171,15 @@ def standalone_cluster(log_dir: Path, *, workers: int = 2, cores: int = 1,
     try:
         log = log_dir / "master.log"
         master = subprocess.Popen(
-            [spark_class, "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
+            [spark_class, "org.apache.spark.deploy.master.Master", "--host", host,
              "--port", str(port), "--webui-port", str(ui)],
-            env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            start_new_session=True)
+            env={**env, "SPARK_LOCAL_IP": host}, stdout=log.open("wb"),
+            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
         procs.append(master)
-        _wait_port(port, master, log)
-        url = f"spark://127.0.0.1:{port}"
+        _wait_port(port, master, log, host=host)
+        url = f"spark://{host}:{port}"
+        worker_host = network[1] if network else "127.0.0.1"
+        netns = ["ip", "netns", "exec", network[0]] if network else []
         keep = [Path(sys.prefix).resolve(), home, *(Path(p).resolve() for p in project)]
         script = _private_mounts_script([Path(h).resolve() for h in hidden], keep)
         worker_ports = []
@@ -141,16 +188,16 @@ def standalone_cluster(log_dir: Path, *, workers: int = 2, cores: int = 1,
             log = log_dir / f"worker-{i + 1}.log"
             wrap = (["unshare", "-m", "--propagation", "private", "sh", "-c", script, "worker"]
                     if isolated else [])
-            cmd = [*wrap, spark_class, "org.apache.spark.deploy.worker.Worker", url,
-                   "--host", "127.0.0.1", "--port", str(wport), "--webui-port",
+            cmd = [*netns, *wrap, spark_class, "org.apache.spark.deploy.worker.Worker", url,
+                   "--host", worker_host, "--port", str(wport), "--webui-port",
                    str(free_port()), "--cores", str(cores), "--memory", memory,
                    "--work-dir", "/tmp/spark-work"]
-            procs.append(subprocess.Popen(cmd, env=env, stdout=log.open("wb"),
-                                          stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                          start_new_session=True))
+            procs.append(subprocess.Popen(cmd, env={**env, "SPARK_LOCAL_IP": worker_host},
+                                          stdout=log.open("wb"), stderr=subprocess.STDOUT,
+                                          stdin=subprocess.DEVNULL, start_new_session=True))
             worker_ports.append((wport, procs[-1], log))
         for wport, proc, log in worker_ports:
-            _wait_port(wport, proc, log)
+            _wait_port(wport, proc, log, host=worker_host)
         _wait_registered(log_dir / "master.log", workers)
         yield Cluster(url, log_dir, procs)
     finally:
