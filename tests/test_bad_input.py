@@ -88,6 +88,10 @@ CLI_CASES = [
     ("pull --source demo --start yesterday --cache {cache}", 2, "--start"),
     ("pull --source demo --start 2026-01-02T00:00:00Z --end 2026-01-01T00:00:00Z "
      "--cache {cache}", 2, "--start"),
+    ("pull --source demo --start 9999-12-31T23:59:59-01:00 --cache {cache}", 2,
+     "outside 0001-01-01T00:00:00Z to 9999-12-31"),
+    ("pull --source demo --start 2026-01-05T09:00:00+99:99 --cache {cache}", 2,
+     "an offset is -23:59 to +23:59"),
     ("pull --source demo --dialect mysql --cache {cache}", 2, "--dialect"),
     ("pull --source nowhere --cache {cache}", 2, "--source"),
     ("pull --source demo --spark-master foo://x --cache {cache}", 2, "--spark-master"),
@@ -165,6 +169,18 @@ def test_a_bad_spark_setting_in_the_environment_is_named(place, variable, value,
     line = one_error_line(done.stderr)
     assert f"${variable} {value!r}" in line and "--spark" not in line, line
     assert not Path(argv[argv.index("--cache") + 1]).exists()
+
+
+def test_an_unwritable_spark_log_is_one_sentence_naming_its_variable(place, tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "CSI_SPARK_LOG": "/proc/nowhere/spark.log"}
+    env.pop("CSI_CACHE", None)
+    env.pop("SPARK_REMOTE", None)
+    done = subprocess.run([sys.executable, "-m", "spark_backend", "pull", "--source", "demo",
+                           "--cache", str(tmp_path / "c.duckdb")], cwd=str(place["dir"]),
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 1, (done.returncode, done.stderr)
+    line = one_error_line(done.stderr)
+    assert "/proc/nowhere/spark.log" in line and "$CSI_SPARK_LOG" in line, line
 
 
 @pytest.mark.parametrize(("argv", "code", "words"), [

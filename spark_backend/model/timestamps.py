@@ -11,6 +11,9 @@ _RFC3339 = re.compile(
 )
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 NS_PER_S = 1_000_000_000
+# The seconds of the first and the last UTC second a timestamp may name (what format_ns writes).
+_FIRST_S = (dt.datetime(1, 1, 1, tzinfo=dt.UTC) - _EPOCH) // dt.timedelta(seconds=1)
+_LAST_S = (dt.datetime(9999, 12, 31, 23, 59, 59, tzinfo=dt.UTC) - _EPOCH) // dt.timedelta(seconds=1)
 
 
 class TimestampError(ValueError):
@@ -57,9 +60,15 @@ def _parse_ns(text: str) -> int:
     if zone and zone not in ("Z", "z"):
         sign = -1 if zone[0] == "-" else 1
         digits = zone[1:].replace(":", "")
+        if int(digits[:2]) > 23 or int(digits[2:]) > 59:
+            raise TimestampError(f"{text!r} has the offset {zone}; an offset is -23:59 to "
+                                 "+23:59")
         offset_s = sign * (int(digits[:2]) * 3600 + int(digits[2:]) * 60)
     seconds = (base - _EPOCH) // dt.timedelta(seconds=1) - offset_s
     nanos = int((frac or "").ljust(9, "0")) if frac else 0
+    if not _FIRST_S <= seconds <= _LAST_S:  # its offset took it out of the years 1-9999
+        raise TimestampError(f"{text!r} is outside 0001-01-01T00:00:00Z to "
+                             "9999-12-31T23:59:59.999999999Z in UTC")
     return seconds * NS_PER_S + nanos
 
 

@@ -51,7 +51,15 @@ def spark_log_path() -> Path:
         else:
             stamp = time.strftime("%Y%m%d-%H%M%S")
             path = config.DEFAULT_CACHE.parent / "logs" / f"spark-{stamp}-{os.getpid()}.log"
-        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with open(path, "ab"):
+                pass
+        except OSError as e:
+            raise SparkUnavailable(
+                f"Spark's log cannot be written at {path} ({e.strerror or e}); set "
+                f"${LOG_ENVVAR} to a file in a writable folder."
+            ) from e
         _log_path = path
     return _log_path
 
