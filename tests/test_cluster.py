@@ -27,13 +27,17 @@ SPARK_NOISE = ("WARN", "INFO", "ERROR", "Exception", "\tat ", "log4j", "SLF4J", 
                "py4j", "NativeCodeLoader", "Setting default log level")
 
 
-def _require_private_mounts() -> None:
-    reason = unshare_missing()
+def _require(reason: str | None, what: str) -> None:
+    """Fail on CI (``CI=true``), skip elsewhere, when the workers cannot have ``what``."""
     if reason is None:
         return
     if os.environ.get("CI", "").lower() == "true":
-        pytest.fail(f"the cluster test cannot isolate its workers on CI: {reason}")
-    pytest.skip(f"the cluster test needs workers with private mounts: {reason}")
+        pytest.fail(f"the cluster test cannot give its workers {what} on CI: {reason}")
+    pytest.skip(f"the cluster test needs workers with {what}: {reason}")
+
+
+def _require_private_mounts() -> None:
+    _require(unshare_missing(), "private mounts")
 
 
 def cli(*args: str, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -202,12 +206,7 @@ def test_spark_start_failure_names_its_log_file(tmp_path):
 def _require_network_namespaces() -> None:
     from tests.support.cluster import netns_missing
 
-    reason = netns_missing()
-    if reason is None:
-        return
-    if os.environ.get("CI", "").lower() == "true":
-        pytest.fail(f"the cluster test cannot give its workers their own network on CI: {reason}")
-    pytest.skip(f"the cluster test needs workers with their own network: {reason}")
+    _require(netns_missing(), "a network of their own")
 
 
 def test_a_pull_on_workers_of_another_network_equals_the_ground_truth(tmp_path):
