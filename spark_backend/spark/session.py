@@ -75,10 +75,6 @@ def _python_logs_to_file() -> None:
         logger.propagate = False
 
 
-def validate_master(master: str) -> str:
-    return checks.spark_master(master)
-
-
 def _loopback(host: str) -> bool:
     """True when every address ``host`` names is this machine's loopback."""
     try:
