@@ -259,12 +259,14 @@ def _stop_server(server: Any) -> None:
 
 
 @st.cache_resource(show_spinner=False, on_release=_stop_server)
-def demo_server(seed: int, scale: float, dialect: str) -> Any:
-    """One running demo server per (seed, scale, dialect) for the whole server process."""
+def demo_server(seed: int, scale: float, dialect: str, host: str) -> Any:
+    """One running demo server per (seed, scale, dialect, address) for the whole server
+    process; ``host``: the address Spark's executors reach this machine at
+    (``jobs.pull.serving_address``)."""
     from spark_backend.demo.server import DemoServer
     from spark_backend.jobs.pull import demo_world
 
-    server = DemoServer(demo_world(seed, scale), dialect)
+    server = DemoServer(demo_world(seed, scale), dialect, host=host)
     server.start()
     return server
 
@@ -272,14 +274,14 @@ def demo_server(seed: int, scale: float, dialect: str) -> Any:
 def prepare_pull(form: Any) -> str | None:
     """Ready a pull (``pulling.pull``'s ``prepare``): Spark first (forking next to gRPC
     threads is fragile), then for source demo the shared demo server; returns its host."""
-    from spark_backend.jobs.pull import PullRequest
+    from spark_backend.jobs.pull import PullRequest, serving_address
 
     warm_spark()
     if form.source != "demo":
         return None
     defaults = PullRequest(source="demo")
     return demo_server(defaults.demo_seed, defaults.demo_scale,
-                       form.dialect or "googlesql").address
+                       form.dialect or "googlesql", serving_address()).address
 
 
 # --- live streams ------------------------------------------------------------------------------
@@ -296,12 +298,13 @@ def start_live_demo(path: str) -> Any:
     timer; returns its runner."""
     from spark_backend.demo.live import build_live_world
     from spark_backend.demo.server import DemoServer
+    from spark_backend.jobs.pull import serving_address
 
     from . import live, pulling
 
     warm_spark()  # before any gRPC thread exists: forking next to them is fragile
     world = build_live_world()
-    server = DemoServer(world, "googlesql")
+    server = DemoServer(world, "googlesql", host=serving_address())
     server.start()
     cache, lock = open_cache(path), pull_lock(path)
 
@@ -321,13 +324,15 @@ def start_live_emulator(path: str, churn_seconds: int = 5) -> Any:
     that same emulator; returns its runner. Errors come back as one sentence
     (``InspectorError``)."""
     from spark_backend.demo import emulator
+    from spark_backend.jobs.pull import serving_address
     from spark_backend.model.errors import SourceError
 
     from . import live, pulling
 
     warm_spark()  # before any gRPC thread exists: forking next to them is fragile
     try:
-        source = emulator.start_live_emulator(churn_seconds=churn_seconds)
+        source = emulator.start_live_emulator(churn_seconds=churn_seconds,
+                                              listen=serving_address())
     except emulator.EmulatorNotInstalled as e:
         raise SourceError(str(e)) from e
     except Exception as e:  # the emulator did not start, or provisioning failed
@@ -382,7 +387,12 @@ def start_bootstrap(path: str) -> Any:
             import concurrent.futures
 
             from spark_backend.demo.server import DemoServer
-            from spark_backend.jobs.pull import PullRequest, demo_world, start_spark_early
+            from spark_backend.jobs.pull import (
+                PullRequest,
+                demo_world,
+                serving_address,
+                start_spark_early,
+            )
 
             defaults = PullRequest(source="demo")
             spark, jvm_launched = start_spark_early()
@@ -394,7 +404,8 @@ def start_bootstrap(path: str) -> Any:
                 if spark.done():
                     spark.result()  # Spark failed to start: say so on the page
                     break
-            server = DemoServer(world.result(), "googlesql")
+            # where the executors reach this machine (a cluster's are on other machines)
+            server = DemoServer(world.result(), "googlesql", host=serving_address(spark.result()))
             servers.append(server)
             return server.start()
 

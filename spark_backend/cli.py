@@ -17,9 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from spark_backend.model import checks, config
-from spark_backend.model.errors import BadInput, InspectorError
+from spark_backend.model.errors import BadInput, CacheError, InspectorError
 
 EXIT_FAILED, EXIT_BAD_INPUT, EXIT_STALLED = 1, 2, 3
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: what a shell reports for a writer whose reader left
 
 
 class _Parser(argparse.ArgumentParser):
@@ -145,17 +146,39 @@ def _check_cache_path(path: str, must_exist: bool = False) -> None:
         raise BadInput(f"No cache file at {path}; pull or import a stream first.", field="cache")
 
 
-def _open_cache(path: str, must_exist: bool = False, *, landing: str | None = None):
-    """``landing``: this process pulls (``"pull"``) or imports (``"import"``) into the cache
-    and queries little."""
+def _open_cache(path: str, *, landing: str | None = None):
+    """The cache, read-write (created when missing); ``landing``: this process pulls
+    (``"pull"``) or imports (``"import"``) into the cache and queries little."""
     from spark_backend.cache.store import Cache
 
-    _check_cache_path(path, must_exist)
+    _check_cache_path(path)
     if landing:
         limit = config.PULL_MEMORY_LIMIT if landing == "pull" else config.IMPORT_MEMORY_LIMIT
         return Cache(path, memory_limit=limit, threads=config.PULL_THREADS,
                      allocator=config.PULL_ALLOCATOR)
     return Cache(path, memory_limit=config.DEFAULT_MEMORY_LIMIT)
+
+
+def _open_for_reading(path: str):
+    """The cache of ``report``, ``export`` and ``history``, read-only: several of them can read
+    at once, beside another reader that holds the file, and from a read-only place. When a run
+    that died left work for a read-write open (``Cache.needs_recovery``), that open comes first,
+    as for any other command."""
+    from spark_backend.cache.store import Cache
+
+    _check_cache_path(path, must_exist=True)
+    cache = Cache(path, read_only=True, memory_limit=config.DEFAULT_MEMORY_LIMIT)
+    if not cache.needs_recovery():
+        return cache
+    cache.close()
+    try:
+        return Cache(path, memory_limit=config.DEFAULT_MEMORY_LIMIT)
+    except CacheError as e:
+        raise CacheError(
+            f"{path} was left by a pull or import that stopped midway; one read-write open "
+            f"closes that run and finishes its summaries before the cache is read, and it "
+            f"failed ({e}). Make the file writable, or run that pull or import again."
+        ) from e
 
 
 # Options each format reads (``--table`` is accepted by every format).
@@ -334,7 +357,7 @@ def cmd_import(args) -> int:
 def cmd_export(args) -> int:
     from spark_backend.jobs.files import export_recording
 
-    with _open_cache(args.cache, must_exist=True) as cache:
+    with _open_for_reading(args.cache) as cache:
         stream = cache.resolve_stream(args.stream)
         lines = export_recording(cache, stream, args.out)
     print(f"{stream}: wrote {lines:,} lines to {args.out}")
@@ -356,7 +379,7 @@ def _write_html(cache, stream: str, args) -> None:
 def cmd_report(args) -> int:
     from spark_backend.analysis.report import build_report, to_json
 
-    with _open_cache(args.cache, must_exist=True) as cache:
+    with _open_for_reading(args.cache) as cache:
         stream = cache.resolve_stream(args.stream)
         report = build_report(cache.con, stream, args.stall_after)
         if args.html:
@@ -365,8 +388,10 @@ def cmd_report(args) -> int:
         print(to_json(report))
     else:
         parts = report["partitions"]
-        print(f"stream {stream} ({report['system']}) {report['range']['start']} .. "
-              f"{report['range']['end']}")
+        span = report["range"]
+        print(f"stream {stream} ({report['system']}) "
+              + (f"{span['start']} .. {span['end']}" if span["start"] or span["end"]
+                 else "(no time read yet)"))
         print(f"partitions: {len(parts)} ({sum(p['finished'] for p in parts)} finished, "
               f"{sum(not p['finished'] for p in parts)} not finished); edges: "
               + ", ".join(f"{k} {sum(e['kind'] == k for e in report['edges'])}"
@@ -396,7 +421,7 @@ def cmd_history(args) -> int:
     from spark_backend.analysis.transactions import history
     from spark_backend.model.timestamps import format_ns
 
-    with _open_cache(args.cache, must_exist=True) as cache:
+    with _open_for_reading(args.cache) as cache:
         stream = cache.resolve_stream(args.stream)
         try:
             df = history(cache.con, stream, args.table, args.key)
@@ -450,6 +475,13 @@ def main(argv: list[str] | None = None) -> int:
         _Progress.done()
         print(f"error: {e}", file=sys.stderr)
         return EXIT_FAILED
+    except BrokenPipeError:  # what reads stdout closed it (``report | head``): stop quietly
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # the exit's own flush must not fail again
+        if args.command in ("pull", "import"):
+            print(f"stopped: the output was closed; the cache is consistent; run the same "
+                  f"{args.command} again to go on.", file=sys.stderr)
+        return EXIT_BROKEN_PIPE
     except KeyboardInterrupt:
         _Progress.done()
         again = ("; run the same pull again to resume" if args.command == "pull" else "")

@@ -489,12 +489,15 @@ def test_a_schema_1_cache_is_read_as_it_is_and_migrated_at_a_read_write_open(tmp
         reader.close()
     assert hashlib.sha256(path.read_bytes()).hexdigest() == before
 
-    # The way a user meets it: the next command that opens it read-write.
+    # The report reads it read-only, as it is...
     out = subprocess.run([sys.executable, "-m", "spark_backend", "report", "--cache", str(path)],
                          capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert out.returncode == 0, out.stderr
     assert "stream DemoStream (spanner)" in out.stdout
     assert f"records: {counts['data_change_records']} data change" in out.stdout
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == before
+    # ...and the next read-write open (the dashboard's, a pull's or an import's) migrates it.
+    Cache(path).close()
     with duckdb.connect(str(path), read_only=True) as con:
         assert con.execute("SELECT value FROM meta WHERE key = 'schema_version'"
                            ).fetchone() == ("2",)

@@ -169,3 +169,126 @@ def test_the_module_runs_as_a_command(demo_cache):
                          cwd=ROOT, timeout=120, check=False)
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["stream"] == "DemoStream"
+
+
+def _command(*argv: str, **kw) -> subprocess.CompletedProcess:
+    env = {**os.environ, "SPANNER_DISABLE_BUILTIN_METRICS": "true"}
+    return subprocess.run([sys.executable, "-m", "spark_backend", *argv], capture_output=True,
+                          text=True, env=env, cwd=ROOT, timeout=300, check=False, **kw)
+
+
+def _readers(cache: Path, out_dir: Path) -> dict[str, subprocess.CompletedProcess]:
+    return {
+        "report": _command("report", "--cache", str(cache)),
+        "export": _command("export", "--cache", str(cache), "--out",
+                           str(out_dir / "exported.jsonl")),
+        "history": _command("history", "--cache", str(cache), "--table", "Accounts", "--json"),
+    }
+
+
+def test_report_export_and_history_read_beside_another_reader(demo_cache, tmp_path):
+    """They open the cache read-only: a report beside another that holds the file (a script
+    that reads it, a second terminal) works; before, it said 'another process holds it'."""
+    holder = subprocess.Popen(
+        [sys.executable, "-c",
+         "import sys\nfrom spark_backend.cache.store import Cache\n"
+         f"c = Cache({str(demo_cache)!r}, read_only=True)\nprint('holding', flush=True)\n"
+         "sys.stdin.read()\n"],
+        cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "holding"
+        done = _readers(demo_cache, tmp_path)
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=60)
+    for name, out in done.items():
+        assert out.returncode == 0, (name, out.stderr)
+    assert "stream DemoStream (spanner)" in done["report"].stdout
+    assert done["export"].stdout.startswith("DemoStream: wrote ")
+    assert json.loads(done["history"].stdout)
+
+
+def test_output_piped_into_head_stops_quietly(demo_cache):
+    """``history ... | head -1``: the reader leaves early; the command stops without a word
+    (it said 'error: unexpected BrokenPipeError'), with the status of a writer whose reader
+    left (141, as SIGPIPE gives)."""
+    argv = f"history --cache {demo_cache} --table Accounts"
+    whole = _command(*argv.split())
+    assert whole.returncode == 0 and len(whole.stdout) > 1_000_000  # far more than a pipe holds
+    piped = subprocess.run(
+        f"{sys.executable} -m spark_backend {argv} | head -1; exit ${{PIPESTATUS[0]}}",
+        shell=True, capture_output=True, text=True, cwd=ROOT, timeout=300,
+        env={**os.environ, "SPANNER_DISABLE_BUILTIN_METRICS": "true"}, executable="/bin/bash")
+    assert piped.stdout == whole.stdout.splitlines(keepends=True)[0]
+    assert piped.stderr == "" and piped.returncode == 141, (piped.returncode, piped.stderr)
+
+
+def test_a_cache_on_a_read_only_file_system(demo_cache, tmp_path):
+    """A cache in a read-only place (a read-only mount, as a user gets a colleague's cache):
+    report, export and history read it; pull says in one sentence that it needs a writable
+    file; a cache left by a killed pull, which must be recovered by a read-write open first,
+    says so. Needs root for the mount (``unshare -m``)."""
+    import shutil
+    import signal
+
+    from tests.support.cluster import unshare_missing
+
+    reason = unshare_missing()
+    if reason is not None:
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(f"no read-only mount on CI: {reason}")
+        pytest.skip(f"a read-only mount needs: {reason}")
+    shelf = tmp_path / "shelf"
+    shelf.mkdir()
+    shutil.copy(demo_cache, shelf / "demo.duckdb")
+    script = (
+        "import os, signal\n"
+        "from spark_backend.cache.store import Cache\n"
+        f"c = Cache({str(shelf / 'killed.duckdb')!r})\n"
+        "c.ensure_stream('S', system='spanner')\n"
+        "c.begin_pull('S', 'demo', None, None, None)\n"
+        "os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    killed = subprocess.run([sys.executable, "-c", script], cwd=ROOT)
+    assert killed.returncode == -signal.SIGKILL
+    before = {p.name: p.read_bytes() for p in shelf.iterdir()}
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    py = sys.executable
+    cache = shelf / "demo.duckdb"
+    steps = [
+        f"{py} -m spark_backend report --cache {cache}",
+        f"{py} -m spark_backend export --cache {cache} --out {out_dir / 'e.jsonl'}",
+        f"{py} -m spark_backend history --cache {cache} --table Accounts --json",
+        f"{py} -m spark_backend pull --source demo --demo-scale {SCALE} --cache {cache}",
+        f"{py} -m spark_backend report --cache {shelf / 'killed.duckdb'}",
+    ]
+    body = "; ".join(f"{s} > {out_dir}/{i}.out 2> {out_dir}/{i}.err; echo $? > {out_dir}/{i}.rc"
+                     for i, s in enumerate(steps))
+    done = subprocess.run(
+        ["unshare", "-m", "--propagation", "private", "sh", "-c",
+         f"mount --bind {shelf} {shelf} && mount -o remount,ro,bind {shelf} && "
+         f"! touch {shelf}/probe 2>/dev/null && {body}"],
+        cwd=ROOT, capture_output=True, text=True, timeout=600,
+        env={**os.environ, "SPANNER_DISABLE_BUILTIN_METRICS": "true"})
+    assert done.returncode == 0, done.stderr
+
+    def result(i: int) -> tuple[int, str, str]:
+        return (int((out_dir / f"{i}.rc").read_text()), (out_dir / f"{i}.out").read_text(),
+                (out_dir / f"{i}.err").read_text())
+
+    for i in range(3):
+        code, out, err = result(i)
+        assert code == 0 and err == "", (steps[i], err)
+    assert "stream DemoStream (spanner)" in result(0)[1]
+    assert (out_dir / "e.jsonl").stat().st_size > 0
+    code, out, err = result(3)
+    assert code == 1 and err.count("\n") == 1, err
+    assert err.startswith(f"error: Cannot write the cache {cache} (Read-only file system); "), err
+    assert "give one in a writable place" in err
+    code, out, err = result(4)
+    assert code == 1 and err.count("\n") == 1, err
+    assert "was left by a pull or import that stopped midway" in err
+    assert "Make the file writable, or run that pull or import again." in err
+    # Nothing was written under the mount: the files are as they were.
+    assert {p.name: p.read_bytes() for p in shelf.iterdir()} == before

@@ -209,42 +209,100 @@ def _require_network_namespaces() -> None:
     _require(netns_missing(), "a network of their own")
 
 
-def test_a_pull_on_workers_of_another_network_equals_the_ground_truth(tmp_path):
-    """Workers in their own network namespace (a veth pair to this one) are another machine:
-    their 127.0.0.1 is not the driver's. With no SPARK_LOCAL_IP set, as on a user's machine,
-    the driver gives them its address on the way to the master, the demo world's server
-    listens there too, and the pull equals the ground truth."""
-    from spark_backend.spark.session import driver_address
+@pytest.fixture(scope="module")
+def far_cluster(tmp_path_factory):
+    """A cluster on another machine as far as the network goes: its two workers live in a
+    network namespace of their own (a veth pair to this one), where 127.0.0.1 is not the
+    driver's, and keep their private mounts. ``far_cluster.near``: this machine's address on
+    the way to them; ``far_cluster.env``: the environment of a user's machine (no
+    SPARK_LOCAL_IP, no SPARK_REMOTE)."""
     from tests.support.cluster import private_network
 
     _require_private_mounts()
     _require_network_namespaces()
-    hidden = tmp_path / "cache"
+    base = tmp_path_factory.mktemp("far")
+    hidden = base / "cache"
     hidden.mkdir()
     with private_network() as (ns, near, far), \
-            standalone_cluster(tmp_path / "logs", workers=2, hidden=[hidden], project_root=ROOT,
+            standalone_cluster(base / "logs", workers=2, hidden=[hidden], project_root=ROOT,
                                host=near, network=(ns, far)) as running:
-        env = {k: v for k, v in os.environ.items() if k != "SPARK_LOCAL_IP"}
-        saved = os.environ.pop("SPARK_LOCAL_IP", None)
-        try:
-            assert driver_address(running.master_url) == near
-        finally:
-            if saved is not None:
-                os.environ["SPARK_LOCAL_IP"] = saved
-        out = subprocess.run(
-            [sys.executable, "-m", "spark_backend", "pull", "--source", "demo",
-             "--spark-master", running.master_url, "--cache", str(hidden / "demo.duckdb")],
-            cwd=ROOT, env={k: v for k, v in env.items() if k != "SPARK_REMOTE"},
-            capture_output=True, text=True, timeout=300)
-        assert out.returncode == 0, out.stderr[-3000:]
-        assert "pulled 28,000 records from 41 partitions" in out.stdout
-        assert_no_spark_output(out)
-        with Cache(hidden / "demo.duckdb") as cache:
-            assert_equals_world(cache, "DemoStream", build_world())
-        logs = [log.read_text(errors="replace") for log in running.log_dir.glob("worker-*.log")]
-        launched = [text for text in logs if "Asked to launch executor" in text]
-        assert len(launched) == 2, "both workers ran executors"
-        assert all(f"CoarseGrainedScheduler@{near}:" in text for text in launched)
+        running.hidden, running.near = hidden, near
+        running.env = {k: v for k, v in os.environ.items()
+                       if k not in ("SPARK_LOCAL_IP", "SPARK_REMOTE")}
+        yield running
+
+
+def _executors_called_back(running, near: str) -> None:
+    logs = [log.read_text(errors="replace") for log in running.log_dir.glob("worker-*.log")]
+    launched = [text for text in logs if "Asked to launch executor" in text]
+    assert len(launched) == 2, "both workers ran executors"
+    assert all(f"CoarseGrainedScheduler@{near}:" in text for text in launched)
+
+
+def test_a_pull_on_workers_of_another_network_equals_the_ground_truth(far_cluster):
+    """With no SPARK_LOCAL_IP set, as on a user's machine, the driver gives the far workers its
+    address on the way to the master, the demo world's server listens there too, and the pull
+    equals the ground truth."""
+    from spark_backend.spark.session import driver_address
+
+    saved = os.environ.pop("SPARK_LOCAL_IP", None)
+    try:
+        assert driver_address(far_cluster.master_url) == far_cluster.near
+    finally:
+        if saved is not None:
+            os.environ["SPARK_LOCAL_IP"] = saved
+    cache = far_cluster.hidden / "demo.duckdb"
+    out = subprocess.run(
+        [sys.executable, "-m", "spark_backend", "pull", "--source", "demo",
+         "--spark-master", far_cluster.master_url, "--cache", str(cache)],
+        cwd=ROOT, env=far_cluster.env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "pulled 28,000 records from 41 partitions" in out.stdout
+    assert_no_spark_output(out)
+    with Cache(cache) as opened:
+        assert_equals_world(opened, "DemoStream", build_world())
+    _executors_called_back(far_cluster, far_cluster.near)
+
+
+def test_a_local_emulator_pull_on_workers_of_another_network(far_cluster):
+    """``--source emulator`` starts an emulator on this machine: it listens where the far
+    executors reach it, and they read its partitions (splits and merges every 2 to 4 s)."""
+    import re
+
+    out = subprocess.run(
+        [sys.executable, "-m", "spark_backend", "pull", "--source", "emulator",
+         "--emulator-seconds", "8", "--spark-master", far_cluster.master_url,
+         "--cache", str(far_cluster.hidden / "emulator.duckdb")],
+        cwd=ROOT, env=far_cluster.env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    pulled = re.search(r"pulled ([\d,]+) records from (\d+) partitions", out.stdout)
+    assert pulled, out.stdout
+    assert int(pulled.group(1).replace(",", "")) > 0 and int(pulled.group(2)) > 1, out.stdout
+    assert_no_spark_output(out)
+
+
+def test_the_dashboards_pulls_on_workers_of_another_network(far_cluster):
+    """The dashboard started with ``CSI_SPARK_MASTER`` naming the far cluster, on an empty
+    cache: its first minute pulls the whole demo world through the cluster, and a Pull from the
+    Sources page (the dashboard's shared demo server, PostgreSQL dialect) lands too; both equal
+    the ground truth."""
+    cache = far_cluster.hidden / "dashboard.duckdb"
+    env = dict(far_cluster.env, CSI_SPARK_MASTER=far_cluster.master_url)
+    out = subprocess.run([sys.executable, "-m", "tests.support.dashboard_run", "pulls",
+                          str(cache)],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    said = json.loads(out.stdout.strip().splitlines()[-1])
+    assert said["exceptions"] == [] and said["first_run_errors"] == [], said
+    assert said["bootstrap"]["error"] is None, said
+    assert said["bootstrap"]["slices_done"] == 5, said
+    assert said["sources"]["errors"] == [] and said["sources"]["exceptions"] == [], said
+    assert any("28\\,000 records of DemoPg" in s for s in said["sources"]["success"]), said
+    world = build_world()
+    with Cache(cache) as opened:
+        assert_equals_world(opened, "DemoStream", world, heartbeats=False)  # in 5 slices
+        assert_equals_world(opened, "DemoPg", world)
+    _executors_called_back(far_cluster, far_cluster.near)
 
 
 def test_the_driver_address_follows_the_master(monkeypatch):

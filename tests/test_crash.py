@@ -158,6 +158,50 @@ def test_sigkill_while_extending_a_range(tmp_path, world):
     _check_after(cache, world, killed=1, heartbeats=False)
 
 
+def test_a_cache_killed_before_anything_landed_is_read_by_report_and_every_page(tmp_path,
+                                                                                 world):
+    """Killed after the first query named the partitions, before a record landed (no time read
+    yet): the report (text and JSON), export and every dashboard page read it (the report
+    failed with 'unexpected ValueError' and the Overview raised: no lag to measure); the next
+    pull then completes it exactly."""
+    import json
+    import re
+
+    cache = tmp_path / "c.duckdb"
+    _kill_when(_pull(cache), cache, "mid-wave")
+
+    def command(*argv: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", *argv], cwd=str(ROOT), env=_env(),
+                              capture_output=True, text=True, timeout=300)
+
+    with Cache(cache, read_only=True) as c:  # as it was left (a read-only open changes nothing)
+        (landed,) = c.con.execute("SELECT count(*) FROM data_change_records").fetchone()
+    text = command("spark_backend", "report", "--cache", str(cache))
+    assert text.returncode == 0, text.stderr
+    if landed == 0:  # the kill came before the first landing, as meant (it polls every 50 ms)
+        assert "stream DemoStream (spanner) (no time read yet)" in text.stdout
+        counted = re.search(r"partitions: (\d+) \(0 finished, (\d+) not finished\)",
+                            text.stdout)
+        assert counted and counted.group(1) == counted.group(2) and int(counted.group(1)) > 0, \
+            text.stdout
+    report = json.loads(command("spark_backend", "report", "--cache", str(cache),
+                                "--json").stdout)
+    assert report["partitions"] and not any(p["stalled"] for p in report["partitions"])
+    exported = command("spark_backend", "export", "--cache", str(cache), "--out",
+                       str(tmp_path / "e.jsonl"))
+    assert exported.returncode == 0, exported.stderr
+    shown = command("tests.support.dashboard_run", "pages", str(cache))
+    assert shown.returncode == 0, shown.stderr[-2000:]
+    pages = json.loads(shown.stdout.strip().splitlines()[-1])
+    assert len(pages) == 7 and all(not p["exceptions"] and not p["errors"]
+                                   for p in pages.values()), pages
+    assert pages["dag"]["charts"] == 1  # the partitions the first query named
+    with Cache(cache) as c:
+        assert c.con.execute("SELECT status FROM pulls").fetchall() == [("interrupted",)]
+    _complete(cache)
+    _check_after(cache, world, killed=1, heartbeats=False)
+
+
 # --- the cache's own recovery, on a real process killed with SIGKILL ------------------------
 
 

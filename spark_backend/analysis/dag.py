@@ -103,8 +103,9 @@ def partitions(
         {"stream": stream},
     ).df()
     if reference is None or df.empty:
-        df["lag_s"] = pd.Series(dtype=float)
-        df["stalled"] = pd.Series(dtype=bool)
+        # No time read yet (a pull killed after its first query named the partitions): no lag
+        df["lag_s"] = pd.Series(0.0, index=df.index, dtype=float)
+        df["stalled"] = pd.Series(False, index=df.index, dtype=bool)
         return df
     lag = (reference - df["watermark_ns"].astype("float64")) / 1e9
     df["lag_s"] = lag.where(~df["finished"], 0.0).fillna(0.0)

@@ -77,6 +77,7 @@ LOCKED_DOWN: dict[str, Any] = {
 STAGING_PREFIXES = ("csi-pull-", "csi-import-")
 _OWNER_FILE = ".csi-owner.json"
 _LOCK_WORDS = ("Could not set lock", "Conflicting lock", "lock on file")
+_UNWRITABLE_WORDS = ("Read-only file system", "Permission denied")
 # In this process: pulls between begin_pull and finish_pull, staging folders still in use.
 _ACTIVE_PULLS: dict[str, set[int]] = {}
 _LIVE_STAGING: set[str] = set()
@@ -135,6 +136,12 @@ def _connect(path: Path, read_only: bool, memory_limit: str, threads: int | None
             raise CacheError(
                 f"{path} is not a DuckDB cache file; it was left untouched: give a new file "
                 "or a cache made by this tool."
+            ) from e
+        if not read_only and any(word in first for word in _UNWRITABLE_WORDS):
+            raise CacheError(
+                f"Cannot write the cache {path} ({first.rsplit(': ', 1)[-1]}); pulls, imports "
+                "and the dashboard need a cache file they can write: give one in a writable "
+                "place (report, export and history also read a read-only one)."
             ) from e
         if any(word in first for word in _LOCK_WORDS):
             raise CacheError(
@@ -376,6 +383,20 @@ class Cache:
                     self._summarize_in_room(key.removeprefix(_UNSUMMARIZED))
                 except duckdb.OutOfMemoryException:
                     pass  # the mark stays: the next open (or the stream's next pull) retries
+
+    def needs_recovery(self) -> bool:
+        """A run that died left work that only a read-write open does (``_recover``): a pull
+        still marked ``running`` or transactions not summarized yet; or the file has no cache
+        tables yet. Meant for a read-only open, when no process writes the cache: a pull
+        marked running is then a dead one."""
+        try:
+            row = self.con.execute(
+                "SELECT (SELECT count(*) FROM pulls WHERE status = 'running') "
+                "+ (SELECT count(*) FROM meta WHERE starts_with(key, ?))",
+                [_UNSUMMARIZED]).fetchone()
+        except duckdb.CatalogException:
+            return True
+        return bool(row[0])
 
     def staging_dir(self, kind: str) -> Path:
         """A new staging folder beside the cache (``csi-<kind>-*``) that names its cache, so

@@ -119,11 +119,19 @@ def find_emulator_binary(binary: str | os.PathLike[str] | None = None) -> str:
     return found
 
 
-def _pick_loopback_port() -> int:
+def _family(address: str) -> socket.AddressFamily:
+    return socket.AF_INET6 if ":" in address else socket.AF_INET
+
+
+def _host_port(address: str, port: int) -> str:
+    return f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
+
+
+def _pick_port(address: str = "127.0.0.1") -> int:
     # A socket without SO_REUSEPORT conflicts with every bound socket, so the kernel hands out a
     # port nobody uses right now. The emulator binds it a moment later (small race, checked after).
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
+    with socket.socket(_family(address), socket.SOCK_STREAM) as s:
+        s.bind((address, 0))
         return s.getsockname()[1]
 
 
@@ -175,7 +183,8 @@ def _die_with_parent() -> None:  # runs in the child between fork and exec
 
 
 class EmulatorProcess:
-    """A Cloud Spanner emulator on a free 127.0.0.1 port; a context manager.
+    """A Cloud Spanner emulator on a free port of 127.0.0.1 (or of ``listen``: the address a
+    Spark cluster's executors reach this machine at); a context manager.
 
     ``churn_seconds`` sets ``--override_change_stream_partition_token_alive_seconds``: each
     change stream partition then lives N..2N seconds before it splits or merges (default 20..40).
@@ -189,8 +198,10 @@ class EmulatorProcess:
         *,
         extra_args: Sequence[str] = (),
         start_timeout_s: float = START_TIMEOUT_S,
+        listen: str = "127.0.0.1",
     ) -> None:
         self.binary = find_emulator_binary(binary)
+        self.listen = listen.strip("[]")
         self.churn_seconds = churn_seconds
         self.extra_args = tuple(extra_args)
         self.start_timeout_s = start_timeout_s
@@ -203,10 +214,11 @@ class EmulatorProcess:
 
     @property
     def host(self) -> str:
-        """``127.0.0.1:PORT``, the value for SPANNER_EMULATOR_HOST / api_endpoint."""
+        """``ADDRESS:PORT`` (``127.0.0.1:PORT`` by default), the value for
+        SPANNER_EMULATOR_HOST / api_endpoint."""
         if self.port is None:
             raise RuntimeError("emulator not started")
-        return f"127.0.0.1:{self.port}"
+        return _host_port(self.listen, self.port)
 
     @property
     def pid(self) -> int | None:
@@ -217,7 +229,7 @@ class EmulatorProcess:
         return self._proc is not None and self._proc.poll() is None
 
     def command(self, port: int) -> list[str]:
-        cmd = [self.binary, "--host_port", f"127.0.0.1:{port}"]
+        cmd = [self.binary, "--host_port", _host_port(self.listen, port)]
         if self.churn_seconds is not None:
             cmd += [
                 "--override_change_stream_partition_token_alive_seconds",
@@ -231,12 +243,13 @@ class EmulatorProcess:
         last_error: Exception | None = None
         for _ in range(5):
             try:
-                self._start_once(_pick_loopback_port())
+                self._start_once(_pick_port(self.listen))
                 return self
             except _PortShared as exc:
                 last_error = exc
                 self.stop()
-        raise EmulatorStartError(f"could not get a loopback port of our own: {last_error}")
+        raise EmulatorStartError(f"could not get a port of our own on {self.listen}: "
+                                 f"{last_error}")
 
     def stop(self) -> None:
         """Terminate the emulator's process group; SIGKILL after a few seconds. Idempotent."""
@@ -305,28 +318,29 @@ class EmulatorProcess:
     def _wait_ready(self, port: int) -> None:
         import grpc
 
+        where = _host_port(self.listen, port)
         deadline = time.monotonic() + self.start_timeout_s
         while True:
             assert self._proc is not None
             code = self._proc.poll()
             if code is not None:
                 raise EmulatorStartError(
-                    f"emulator exited with code {code} while starting on 127.0.0.1:{port}; "
+                    f"emulator exited with code {code} while starting on {where}; "
                     f"its output ends with:\n{self.stderr_tail()}"
                 )
             if time.monotonic() > deadline:
                 tail = self.stderr_tail()
                 raise EmulatorStartError(
-                    f"emulator did not answer on 127.0.0.1:{port} within "
+                    f"emulator did not answer on {where} within "
                     f"{self.start_timeout_s:.0f} s; its output ends with:\n{tail}"
                 )
             try:
-                with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                with socket.create_connection((self.listen, port), timeout=0.2):
                     pass
             except OSError:
                 time.sleep(0.05)
                 continue
-            channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+            channel = grpc.insecure_channel(where)
             try:
                 remaining = max(0.1, deadline - time.monotonic())
                 grpc.channel_ready_future(channel).result(timeout=remaining)
@@ -337,7 +351,7 @@ class EmulatorProcess:
             break
         listeners = _listening_sockets(port)
         if listeners is not None and listeners > 1:
-            raise _PortShared(f"{listeners} processes listen on 127.0.0.1:{port}")
+            raise _PortShared(f"{listeners} processes listen on port {port}")
 
 
 class _PortShared(EmulatorStartError):
@@ -773,9 +787,11 @@ def start_emulator_world(
     churn_seconds: int | None = 2,
     binary: str | os.PathLike[str] | None = None,
     extra_args: Sequence[str] = (),
+    listen: str = "127.0.0.1",
 ) -> EmulatorWorld:
-    """Start an emulator and provision the bank database; the emulator is stopped on failure."""
-    proc = EmulatorProcess(binary, churn_seconds, extra_args=extra_args).start()
+    """Start an emulator (listening on ``listen``) and provision the bank database; the
+    emulator is stopped on failure."""
+    proc = EmulatorProcess(binary, churn_seconds, extra_args=extra_args, listen=listen).start()
     try:
         provision(proc.host, project, instance, database, dialect, stream)
         created = dt.datetime.now(dt.UTC)
@@ -848,10 +864,12 @@ def start_live_emulator(
     churn_seconds: int = 5,
     rate_per_s: float = 5.0,
     seed: int = 7,
+    listen: str = "127.0.0.1",
 ) -> LiveEmulator:
-    """Start an emulator (partitions split and merge every ``churn_seconds`` to twice that), the
-    bank database and its workload; everything is stopped again when a step fails."""
-    world = start_emulator_world(dialect=dialect, churn_seconds=churn_seconds)
+    """Start an emulator (partitions split and merge every ``churn_seconds`` to twice that;
+    listening on ``listen``), the bank database and its workload; everything is stopped again
+    when a step fails."""
+    world = start_emulator_world(dialect=dialect, churn_seconds=churn_seconds, listen=listen)
     try:
         workload = world.workload(seed=seed, rate_per_s=rate_per_s).start()
     except BaseException:

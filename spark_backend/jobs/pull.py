@@ -168,7 +168,8 @@ def _validated(request: PullRequest) -> PullRequest:
 @contextlib.contextmanager
 def _open_source(request: PullRequest, bind: str = "127.0.0.1") -> Iterator[_Source]:
     """Start what the source needs (demo server, emulator) and stop it afterwards; ``bind``:
-    the address of this machine the executors reach (a demo server listens there)."""
+    the address of this machine the executors reach (a demo server or emulator listens
+    there)."""
     if request.source == "demo":
         from spark_backend.demo.server import DemoServer
         from spark_backend.demo.world import DEMO_STREAM, build_world
@@ -210,7 +211,7 @@ def _open_source(request: PullRequest, bind: str = "127.0.0.1") -> Iterator[_Sou
             return
         try:
             world = emulator.start_emulator_world(dialect=request.dialect or "googlesql",
-                                                  churn_seconds=2)
+                                                  churn_seconds=2, listen=bind)
         except emulator.EmulatorNotInstalled as e:
             raise SourceError(str(e)) from e
         except (emulator.EmulatorStartError, emulator.EmulatorProvisionError) as e:
@@ -768,6 +769,15 @@ def start_spark(master: str | None = None, remote: str | None = None) -> Any:
     return spark
 
 
+def serving_address(spark: Any = None) -> str:
+    """The address of this machine where a source this process serves (a demo server, a local
+    emulator) listens: where the executors of ``spark`` (by default the session that
+    ``spark_session()`` gives, as the dashboard's pulls use) reach it; 127.0.0.1 for local Spark."""
+    from spark_backend.spark.session import executor_facing_address, spark_session
+
+    return executor_facing_address(spark if spark is not None else spark_session())
+
+
 def run_pull(
     cache: Cache,
     request: PullRequest,
@@ -782,11 +792,7 @@ def run_pull(
     # Start the JVM before any gRPC channel exists: forking next to gRPC threads is fragile.
     spark = (spark_session(request.spark_master, request.spark_remote)
              if request.reader == "spark" else None)
-    bind = "127.0.0.1"
-    if spark is not None:
-        from spark_backend.spark.session import executor_facing_address
-
-        bind = executor_facing_address(spark)
+    bind = serving_address(spark) if spark is not None else "127.0.0.1"
     with _open_source(request, bind) as src:
         src, request, dialect_error = _settle_dialect(src, request)
         stream = request.stream or src.source_stream
