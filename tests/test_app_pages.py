@@ -384,7 +384,9 @@ def test_demo_pull_uses_the_shared_demo_server(tmp_path, world):
     assert not at.exception, [e.value for e in at.exception]
     said = vals(at.success)
     assert any("Pulled" in m and "DemoAgain" in m for m in said), said + vals(at.error)
-    server = resources.demo_server(DEMO_SEED, DEMO_SCALE, "googlesql")
+    from spark_backend.jobs.pull import serving_address
+
+    server = resources.demo_server(DEMO_SEED, DEMO_SCALE, "googlesql", serving_address())
     assert server.address and server.queries_served > 0
     with Cache(str(tmp_path / "fresh.duckdb")) as cache:
         n = cache.con.execute("SELECT count(*) FROM data_change_records WHERE stream = ?",
