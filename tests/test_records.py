@@ -123,6 +123,15 @@ def test_nanosecond_precision_kept():
     assert format_ns(ns) == "2022-09-27T12:30:00.123456789Z"
 
 
+@pytest.mark.parametrize("text", ["0001-01-01T00:00:00.000000Z", "0999-06-01T07:08:09.000010Z",
+                                  "9999-12-31T23:59:59.999999999Z",
+                                  "1970-01-01T00:00:00.000000Z"])
+def test_format_ns_writes_four_digit_years_that_read_back(text):
+    from spark_backend.model.timestamps import coerce_ns
+
+    assert format_ns(coerce_ns(text)) == text
+
+
 def test_postgresql_shape_with_string_numbers_and_offsets():
     # The emulator's PostgreSQL JSON: "+00:00" timestamps, JSON numbers for counters.
     record = _with(commit_timestamp="2022-09-27T12:30:00.123456+00:00",

@@ -75,7 +75,9 @@ def _parse_ns(text: str) -> int:
 def format_ns(ns: int) -> str:
     """Nanoseconds -> RFC 3339 UTC; 6 fraction digits unless nanoseconds are needed."""
     seconds, nanos = divmod(int(ns), NS_PER_S)
-    base = (_EPOCH + dt.timedelta(seconds=seconds)).strftime("%Y-%m-%dT%H:%M:%S")
+    t = _EPOCH + dt.timedelta(seconds=seconds)
+    # not strftime: its %Y does not pad the years before 1000 to four digits (glibc)
+    base = f"{t.year:04d}-{t.month:02d}-{t.day:02d}T{t.hour:02d}:{t.minute:02d}:{t.second:02d}"
     if nanos % 1000:
         return f"{base}.{nanos:09d}Z"
     return f"{base}.{nanos // 1000:06d}Z"
