@@ -390,11 +390,15 @@ def start_bootstrap(path: str) -> Any:
             from spark_backend.jobs.pull import (
                 PullRequest,
                 demo_world,
+                planned_serving_address,
                 serving_address,
                 start_spark_early,
             )
 
             defaults = PullRequest(source="demo")
+            # where the executors reach this machine (a cluster's are on other machines),
+            # known before Spark has started (YARN: Spark's choice, known once it has)
+            bind = planned_serving_address()
             spark, jvm_launched = start_spark_early()
             pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="bootstrap")
             # the world the slices' pulls use too (built once per process)
@@ -404,8 +408,8 @@ def start_bootstrap(path: str) -> Any:
                 if spark.done():
                     spark.result()  # Spark failed to start: say so on the page
                     break
-            # where the executors reach this machine (a cluster's are on other machines)
-            server = DemoServer(world.result(), "googlesql", host=serving_address(spark.result()))
+            server = DemoServer(world.result(), "googlesql",
+                                host=bind or serving_address(spark.result()))
             servers.append(server)
             return server.start()
 

@@ -104,8 +104,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _stdout_gone() -> None:
+    """What reads stdout closed it: what is printed from now on goes nowhere (and the exit's
+    own flush does not fail again)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+
+
 class _Progress:
-    """One updating line on a terminal; a line per step otherwise."""
+    """One updating line on a terminal; a line per step otherwise (a pull or import whose
+    reader of stdout leaves goes on to its end without them)."""
 
     drawn = False  # a progress line is on the terminal (cleared before an error's line)
 
@@ -123,7 +132,10 @@ class _Progress:
             sys.stderr.flush()
             _Progress.drawn = True
         else:
-            print(text, flush=True)
+            try:
+                print(text, flush=True)
+            except BrokenPipeError:  # what read the progress left (``pull | head``): go on
+                _stdout_gone()
 
     @staticmethod
     def done() -> None:
@@ -164,7 +176,7 @@ def _open_for_reading(path: str):
     at once, beside another reader that holds the file, and from a read-only place. When a run
     that died left work for a read-write open (``Cache.needs_recovery``), that open comes first,
     as for any other command."""
-    from spark_backend.cache.store import Cache
+    from spark_backend.cache.store import Cache, CacheLocked
 
     _check_cache_path(path, must_exist=True)
     cache = Cache(path, read_only=True, memory_limit=config.DEFAULT_MEMORY_LIMIT)
@@ -173,6 +185,8 @@ def _open_for_reading(path: str):
     cache.close()
     try:
         return Cache(path, memory_limit=config.DEFAULT_MEMORY_LIMIT)
+    except CacheLocked:
+        raise  # another process holds it (it may be recovering it): its own sentence
     except CacheError as e:
         raise CacheError(
             f"{path} was left by a pull or import that stopped midway; one read-write open "
@@ -466,7 +480,9 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         check_args(args)
-        return COMMANDS[args.command](args)
+        code = COMMANDS[args.command](args)
+        sys.stdout.flush()  # here, not at exit: a closed pipe is then caught below
+        return code
     except BadInput as e:
         _Progress.done()  # the error on a line of its own, not after a progress line
         print(f"error: {e}", file=sys.stderr)
@@ -476,11 +492,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_FAILED
     except BrokenPipeError:  # what reads stdout closed it (``report | head``): stop quietly
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())  # the exit's own flush must not fail again
-        if args.command in ("pull", "import"):
-            print(f"stopped: the output was closed; the cache is consistent; run the same "
-                  f"{args.command} again to go on.", file=sys.stderr)
+        _stdout_gone()
         return EXIT_BROKEN_PIPE
     except KeyboardInterrupt:
         _Progress.done()

@@ -223,6 +223,23 @@ def test_output_piped_into_head_stops_quietly(demo_cache):
     assert piped.stderr == "" and piped.returncode == 141, (piped.returncode, piped.stderr)
 
 
+def test_a_pull_whose_output_is_closed_goes_on_to_its_end(tmp_path):
+    """``pull ... | head -1``: the progress lines have nowhere to go after the first; the pull
+    is not stopped by it (nor recorded as a Spark failure): it lands everything, exit 0."""
+    from spark_backend.cache.store import Cache
+
+    cache = tmp_path / "piped.duckdb"
+    piped = subprocess.run(
+        f"{sys.executable} -m spark_backend pull --source demo --demo-scale {SCALE} "
+        f"--cache {cache} | head -1; exit ${{PIPESTATUS[0]}}",
+        shell=True, capture_output=True, text=True, cwd=ROOT, timeout=300,
+        env={**os.environ, "SPANNER_DISABLE_BUILTIN_METRICS": "true"}, executable="/bin/bash")
+    assert piped.returncode == 0 and piped.stderr == "", (piped.returncode, piped.stderr)
+    assert piped.stdout.startswith("wave 0: ")
+    with Cache(cache, read_only=True) as c:
+        assert c.con.execute("SELECT status, error FROM pulls").fetchall() == [("complete", None)]
+
+
 def test_a_cache_on_a_read_only_file_system(demo_cache, tmp_path):
     """A cache in a read-only place (a read-only mount, as a user gets a colleague's cache):
     report, export and history read it; pull says in one sentence that it needs a writable

@@ -232,10 +232,21 @@ def far_cluster(tmp_path_factory):
         yield running
 
 
-def _executors_called_back(running, near: str) -> None:
-    logs = [log.read_text(errors="replace") for log in running.log_dir.glob("worker-*.log")]
+def _worker_logs(running) -> dict[str, int]:
+    """Each worker log's size now: ``_executors_called_back`` reads only what comes after."""
+    return {log.name: log.stat().st_size for log in running.log_dir.glob("worker-*.log")}
+
+
+def _executors_called_back(running, near: str, since: dict[str, int]) -> None:
+    """Since ``since``, both workers launched executors for this run's application, given the
+    driver's address ``near``."""
+    logs = []
+    for log in running.log_dir.glob("worker-*.log"):
+        with open(log, "rb") as f:
+            f.seek(since.get(log.name, 0))
+            logs.append(f.read().decode(errors="replace"))
     launched = [text for text in logs if "Asked to launch executor" in text]
-    assert len(launched) == 2, "both workers ran executors"
+    assert len(launched) == 2, "both workers ran executors for this run"
     assert all(f"CoarseGrainedScheduler@{near}:" in text for text in launched)
 
 
@@ -252,6 +263,7 @@ def test_a_pull_on_workers_of_another_network_equals_the_ground_truth(far_cluste
         if saved is not None:
             os.environ["SPARK_LOCAL_IP"] = saved
     cache = far_cluster.hidden / "demo.duckdb"
+    since = _worker_logs(far_cluster)
     out = subprocess.run(
         [sys.executable, "-m", "spark_backend", "pull", "--source", "demo",
          "--spark-master", far_cluster.master_url, "--cache", str(cache)],
@@ -261,7 +273,7 @@ def test_a_pull_on_workers_of_another_network_equals_the_ground_truth(far_cluste
     assert_no_spark_output(out)
     with Cache(cache) as opened:
         assert_equals_world(opened, "DemoStream", build_world())
-    _executors_called_back(far_cluster, far_cluster.near)
+    _executors_called_back(far_cluster, far_cluster.near, since)
 
 
 def test_a_local_emulator_pull_on_workers_of_another_network(far_cluster):
@@ -269,6 +281,7 @@ def test_a_local_emulator_pull_on_workers_of_another_network(far_cluster):
     executors reach it, and they read its partitions (splits and merges every 2 to 4 s)."""
     import re
 
+    since = _worker_logs(far_cluster)
     out = subprocess.run(
         [sys.executable, "-m", "spark_backend", "pull", "--source", "emulator",
          "--emulator-seconds", "8", "--spark-master", far_cluster.master_url,
@@ -279,6 +292,26 @@ def test_a_local_emulator_pull_on_workers_of_another_network(far_cluster):
     assert pulled, out.stdout
     assert int(pulled.group(1).replace(",", "")) > 0 and int(pulled.group(2)) > 1, out.stdout
     assert_no_spark_output(out)
+    _executors_called_back(far_cluster, far_cluster.near, since)
+
+
+def test_a_loopback_emulator_host_for_far_executors_is_one_sentence(far_cluster, tmp_path):
+    """``SPANNER_EMULATOR_HOST=localhost:9010`` with executors on other machines: they would
+    dial their own loopback and every partition would fail after retries; it is one sentence
+    before any job."""
+    env = dict(far_cluster.env, SPANNER_EMULATOR_HOST="localhost:9010")
+    out = subprocess.run(
+        [sys.executable, "-m", "spark_backend", "pull", "--source", "spanner", "--project", "p",
+         "--instance", "i", "--database", "d", "--stream", "S", "--start",
+         "2026-01-05T09:00:00Z", "--end", "2026-01-05T09:01:00Z", "--spark-master",
+         far_cluster.master_url, "--cache", str(tmp_path / "c.duckdb")],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 2, out.stderr[-2000:]
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(
+        "error: SPANNER_EMULATOR_HOST=localhost:9010 names this machine's loopback"), lines
+    assert f"(e.g. {far_cluster.near}:PORT" in lines[0]
+    assert_no_spark_output(out)
 
 
 def test_the_dashboards_pulls_on_workers_of_another_network(far_cluster):
@@ -288,6 +321,7 @@ def test_the_dashboards_pulls_on_workers_of_another_network(far_cluster):
     the ground truth."""
     cache = far_cluster.hidden / "dashboard.duckdb"
     env = dict(far_cluster.env, CSI_SPARK_MASTER=far_cluster.master_url)
+    since = _worker_logs(far_cluster)
     out = subprocess.run([sys.executable, "-m", "tests.support.dashboard_run", "pulls",
                           str(cache)],
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
@@ -302,7 +336,7 @@ def test_the_dashboards_pulls_on_workers_of_another_network(far_cluster):
     with Cache(cache) as opened:
         assert_equals_world(opened, "DemoStream", world, heartbeats=False)  # in 5 slices
         assert_equals_world(opened, "DemoPg", world)
-    _executors_called_back(far_cluster, far_cluster.near)
+    _executors_called_back(far_cluster, far_cluster.near, since)
 
 
 def test_the_driver_address_follows_the_master(monkeypatch):
@@ -326,3 +360,35 @@ def test_the_driver_address_follows_the_master(monkeypatch):
     monkeypatch.setenv("SPARK_LOCAL_IP", "10.9.8.7")
     assert driver_address("spark://198.51.100.7:7077") == "10.9.8.7"
     assert driver_address("local[*]") == "10.9.8.7"
+
+
+def test_the_serving_address_is_known_before_spark_starts(monkeypatch):
+    """What the dashboard's first minute binds its demo server to before the session exists
+    equals what the session will say, for each way Spark is chosen."""
+    import shutil
+
+    from spark_backend.spark.session import planned_executor_facing_address as planned
+
+    for name in ("SPARK_LOCAL_IP", "SPARK_REMOTE", "CSI_SPARK_MASTER"):
+        monkeypatch.delenv(name, raising=False)
+    assert planned() == "127.0.0.1"  # local[*]
+    assert planned(master="local[2]") == "127.0.0.1"
+    assert planned(remote="sc://127.0.0.1:15002") == "127.0.0.1"
+    assert planned(master="yarn") is None  # Spark's own choice: known once it has started
+    assert planned(master="bogus://x") is None  # the session says what is wrong
+    if shutil.which("ip") is None:
+        pytest.skip("iproute2's ip is not installed: no second opinion on the route")
+    route = subprocess.run(["ip", "-o", "route", "get", "198.51.100.7"], capture_output=True,
+                           text=True)
+    words = route.stdout.split()
+    expected = words[words.index("src") + 1] if "src" in words else None
+    assert planned(master="spark://198.51.100.7:7077") == expected
+    monkeypatch.setenv("CSI_SPARK_MASTER", "spark://198.51.100.7:7077")
+    assert planned() == expected
+    monkeypatch.setenv("SPARK_REMOTE", "sc://127.0.0.1:15002")  # wins over CSI_SPARK_MASTER
+    assert planned() == "127.0.0.1"
+    assert planned(master="spark://198.51.100.7:7077") == expected  # an explicit master wins
+    # A Connect server on this machine's loopback (a tunnel) whose executors are elsewhere:
+    # SPARK_LOCAL_IP chooses, as for a classic driver.
+    monkeypatch.setenv("SPARK_LOCAL_IP", "10.9.8.7")
+    assert planned() == "10.9.8.7"

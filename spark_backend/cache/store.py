@@ -83,6 +83,10 @@ _ACTIVE_PULLS: dict[str, set[int]] = {}
 _LIVE_STAGING: set[str] = set()
 
 
+class CacheLocked(CacheError):
+    """Another process holds the cache file (DuckDB's lock)."""
+
+
 def _key(path: Path) -> str:
     return str(path.resolve())
 
@@ -137,16 +141,16 @@ def _connect(path: Path, read_only: bool, memory_limit: str, threads: int | None
                 f"{path} is not a DuckDB cache file; it was left untouched: give a new file "
                 "or a cache made by this tool."
             ) from e
+        if any(word in first for word in _LOCK_WORDS):
+            raise CacheLocked(
+                f"Cannot open the cache {path}: another process holds it ({first}); close "
+                "that process or give another cache file."
+            ) from e
         if not read_only and any(word in first for word in _UNWRITABLE_WORDS):
             raise CacheError(
                 f"Cannot write the cache {path} ({first.rsplit(': ', 1)[-1]}); pulls, imports "
                 "and the dashboard need a cache file they can write: give one in a writable "
                 "place (report, export and history also read a read-only one)."
-            ) from e
-        if any(word in first for word in _LOCK_WORDS):
-            raise CacheError(
-                f"Cannot open the cache {path}: another process holds it ({first}); close "
-                "that process or give another cache file."
             ) from e
         raise CacheError(f"Cannot open the cache {path}: {first}") from e
 

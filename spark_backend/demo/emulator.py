@@ -130,9 +130,14 @@ def _host_port(address: str, port: int) -> str:
 def _pick_port(address: str = "127.0.0.1") -> int:
     # A socket without SO_REUSEPORT conflicts with every bound socket, so the kernel hands out a
     # port nobody uses right now. The emulator binds it a moment later (small race, checked after).
-    with socket.socket(_family(address), socket.SOCK_STREAM) as s:
-        s.bind((address, 0))
-        return s.getsockname()[1]
+    try:
+        with socket.socket(_family(address), socket.SOCK_STREAM) as s:
+            s.bind((address, 0))
+            return s.getsockname()[1]
+    except OSError as e:  # not an address of this machine, or a name that does not resolve
+        raise EmulatorStartError(f"the emulator cannot listen on {address} "
+                                 f"({e.strerror or e}); set SPARK_LOCAL_IP to an address of "
+                                 "this machine that Spark's executors reach") from e
 
 
 def _listening_sockets(port: int) -> int | None:

@@ -228,8 +228,18 @@ def _open_source(request: PullRequest, bind: str = "127.0.0.1") -> Iterator[_Sou
             world.stop()
         return
     # Resolved here: Spark's workers do not see environment changes made after they started.
+    endpoint = os.environ.get(config.EMULATOR_HOST_ENVVAR) or None
+    if endpoint and bind != "127.0.0.1":
+        from spark_backend.spark.session import names_loopback
+
+        if names_loopback(endpoint):  # the executors would dial their own machine's loopback
+            raise BadInput(
+                f"{config.EMULATOR_HOST_ENVVAR}={endpoint} names this machine's loopback, which "
+                "Spark's executors on other machines cannot reach; give an address of this "
+                f"machine that they reach (e.g. {bind}:PORT, with the emulator listening there) "
+                "or use local Spark.")
     target = SpannerTarget(request.project, request.instance, request.database, request.dialect,
-                           os.environ.get(config.EMULATOR_HOST_ENVVAR) or None)
+                           endpoint)
     yield _Source(target, request.source_stream, None, None, target.path)
 
 
@@ -776,6 +786,14 @@ def serving_address(spark: Any = None) -> str:
     from spark_backend.spark.session import executor_facing_address, spark_session
 
     return executor_facing_address(spark if spark is not None else spark_session())
+
+
+def planned_serving_address() -> str | None:
+    """``serving_address()`` before Spark has started (a demo server can start while Spark
+    does); None when only the running session knows it."""
+    from spark_backend.spark.session import planned_executor_facing_address
+
+    return planned_executor_facing_address()
 
 
 def run_pull(

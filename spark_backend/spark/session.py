@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from spark_backend.model import checks, config
-from spark_backend.model.errors import InspectorError
+from spark_backend.model.errors import BadInput, InspectorError
 
 _lock = threading.Lock()
 _registered: set[int] = set()
@@ -85,6 +85,13 @@ def _loopback(host: str) -> bool:
         ipaddress.ip_address(info[4][0].split("%")[0]).is_loopback for info in infos)
 
 
+def names_loopback(address: str) -> bool:
+    """True when ``HOST:PORT`` (or ``[V6]:PORT``, or a bare host) names only this machine's
+    loopback: an address that executors on other machines cannot reach here."""
+    host = address.rsplit(":", 1)[0] if address.count(":") == 1 or "]:" in address else address
+    return _loopback(host.strip("[]"))
+
+
 def _route_source(host: str, port: int) -> str | None:
     """The address of this machine that the network reaches ``host`` from (the kernel's choice
     of source address for a datagram to it: nothing is sent), or None without a route."""
@@ -141,14 +148,39 @@ def driver_address(master: str) -> str | None:
     return None
 
 
+def _towards_connect(host: str, port: int = 15002) -> str:
+    """This machine's address for the executors behind a Connect server at ``host``:
+    ``$SPARK_LOCAL_IP`` when set; 127.0.0.1 for a server on the loopback; otherwise the
+    address on the way to the server."""
+    chosen = os.environ.get("SPARK_LOCAL_IP")
+    if chosen:
+        return chosen
+    return "127.0.0.1" if _loopback(host) else (_route_source(host, port) or "127.0.0.1")
+
+
 def executor_facing_address(spark) -> str:
     """The address of this process that the session's executors reach it at: where a source
     this process serves (the demo world) must listen for them."""
     if is_remote(spark):  # the Connect server's executors: on its side of the network
-        host = spark.client.host.strip("[]")
-        return "127.0.0.1" if _loopback(host) else (_route_source(host, 15002) or "127.0.0.1")
+        return _towards_connect(spark.client.host.strip("[]"))
     host = spark.sparkContext.getConf().get("spark.driver.host", "127.0.0.1")
     return "127.0.0.1" if _loopback(host) else host
+
+
+def planned_executor_facing_address(master: str | None = None,
+                                    remote: str | None = None) -> str | None:
+    """``executor_facing_address`` of the session that ``spark_session(master, remote)`` makes,
+    known before it exists (a demo server can start while Spark does); None when only the
+    session knows (YARN: Spark's own choice) or the settings are malformed (the session says
+    so)."""
+    master, remote, _, _ = _settings(master, remote)
+    try:
+        if remote:
+            host, port = validate_remote(remote)
+            return _towards_connect(host, port)
+        return driver_address(checks.spark_master(master))
+    except BadInput:
+        return None
 
 
 def validate_remote(remote: str) -> tuple[str, int]:
@@ -167,6 +199,18 @@ def one_line(error: BaseException) -> str:
     return type(error).__name__
 
 
+def _settings(master: str | None, remote: str | None) -> tuple[str, str | None, str, str]:
+    """(master, remote, and the label each is named by in an error) that a session of these
+    arguments uses: the arguments, else env SPARK_REMOTE, then env CSI_SPARK_MASTER, then
+    ``local[*]``."""
+    remote_label, master_label = "--spark-remote", "--spark-master"
+    if not remote and not master:
+        remote, remote_label = os.environ.get(config.SPARK_REMOTE_ENVVAR), "$SPARK_REMOTE"
+    if not master and not remote:
+        master, master_label = os.environ.get(config.SPARK_MASTER_ENVVAR), "$CSI_SPARK_MASTER"
+    return master or "local[*]", remote, master_label, remote_label
+
+
 def spark_session(master: str | None = None, remote: str | None = None):
     """Get (or create) the session (``data_sources`` registers the project's data sources).
 
@@ -178,12 +222,7 @@ def spark_session(master: str | None = None, remote: str | None = None):
     log file) when Spark does not start.
     """
     config.quiet_local_client_env()
-    remote_label, master_label = "--spark-remote", "--spark-master"
-    if not remote and not master:
-        remote, remote_label = os.environ.get(config.SPARK_REMOTE_ENVVAR), "$SPARK_REMOTE"
-    if not master and not remote:
-        master, master_label = os.environ.get(config.SPARK_MASTER_ENVVAR), "$CSI_SPARK_MASTER"
-    master = master or "local[*]"
+    master, remote, master_label, remote_label = _settings(master, remote)
     with _lock:
         _python_logs_to_file()
         if remote:
