@@ -158,6 +158,60 @@ def test_import_on_a_standalone_cluster_equals_a_local_import(cluster):
     assert not [p for p in where.iterdir() if p.name.startswith("csi-")]
 
 
+def test_a_node_without_the_project_says_so_in_one_sentence(tmp_path):
+    """Executors whose Python cannot import the project (a node where it is not installed;
+    here: the interpreter without its site-packages) fail their tasks: the sentence says what
+    the task raised and what every node needs. It said 'An error occurred while calling
+    oNN.getResult.'"""
+    bare = tmp_path / "bare-python"
+    bare.write_text(f"#!/bin/sh\nexec {sys.executable} -S \"$@\"\n")
+    bare.chmod(0o755)
+    out = cli("pull", "--source", "demo", "--cache", str(tmp_path / "c.duckdb"),
+              env={"PYSPARK_PYTHON": str(bare), "PYTHONPATH": ""})
+    assert out.returncode == 1, out.stderr[-2000:]
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1, lines
+    # the first of the project's imports that the task meets (spark_backend or a requirement)
+    assert ("A Spark job of the pull failed (a task raised: ModuleNotFoundError: No module named "
+            "'") in lines[0], lines[0]
+    assert ("(every node needs the project and its requirements installed for the Python that "
+            "runs its tasks: README, Running on a cluster)") in lines[0], lines[0]
+    assert_no_spark_output(out)
+
+
+def test_what_a_task_raised_is_found_in_the_spark_error():
+    """The Python worker's traceback inside Spark's error, as a classic session (py4j) and a
+    Connect session give it (texts from real runs, Java frames shortened)."""
+    from spark_backend.spark.session import one_line, task_raised
+
+    classic = (
+        "An error occurred while calling o75.getResult.\n"
+        ": org.apache.spark.SparkException: Exception thrown in awaitResult: \n"
+        "\tat org.apache.spark.util.SparkThreadUtils$.awaitResult(SparkThreadUtils.scala:70)\n"
+        "Caused by: org.apache.spark.api.python.PythonException: [PYTHON_EXCEPTION] An exception"
+        " was thrown from the Python worker: Traceback (most recent call last):\n"
+        '  File "/x/datasource.py", line 169, in read\n'
+        "    database = open_database(target)\n"
+        "spark_backend.model.errors.SourceError: No Google Cloud credentials were found.\n"
+        " SQLSTATE: 38000\n"
+        "\tat org.apache.spark.api.python.BasePythonRunner.handlePythonException(x.scala:1)\n"
+        "org.apache.spark.SparkException: Job aborted due to stage failure\n")
+    assert task_raised(classic) == "No Google Cloud credentials were found."
+    assert one_line(RuntimeError(classic)) == (
+        "a task raised: No Google Cloud credentials were found.")
+    connect = (
+        "\n  An exception was thrown from the Python worker. Please see the stack trace below.\n"
+        "[PYTHON_EXCEPTION] An exception was thrown from the Python worker: Traceback (most "
+        "recent call last):\n"
+        '  File "/x/y.py", line 3, in f\n'
+        "    import spark_backend\n"
+        "ModuleNotFoundError: No module named 'spark_backend'\n SQLSTATE: 38000\n")
+    assert task_raised(connect).startswith(
+        "ModuleNotFoundError: No module named 'spark_backend' (every node needs the project")
+    assert task_raised("An error occurred while calling o1.x.\n: java.io.IOException: x") is None
+    assert one_line(RuntimeError("Job aborted\n\tat x")) == "Job aborted"
+
+
 def test_a_bogus_master_is_one_sentence(tmp_path):
     out = cli("pull", "--source", "demo", "--spark-master", "bogus://x",
               "--cache", str(tmp_path / "c.duckdb"), timeout=120)

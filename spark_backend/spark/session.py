@@ -189,9 +189,46 @@ def validate_remote(remote: str) -> tuple[str, int]:
     return m.group("host").strip("[]"), int(m.group("port") or 15002)
 
 
+_RAISED = re.compile(r"(?P<qual>(?:[A-Za-z_]\w*\.)*(?P<name>[A-Za-z_]\w*)): (?P<message>.+)")
+_NOT_PYTHON = ("org.", "java.", "javax.", "scala.", "py4j.", "io.grpc.", "com.")
+
+
+def task_raised(text: str) -> str | None:
+    """What a Spark task's Python code raised, as one line, from the Python worker's traceback
+    inside a Spark error's text (the last exception line of the last traceback); this project's
+    own errors give their sentence alone. None when the text holds no Python traceback."""
+    raised = None
+    in_traceback = False
+    for line in text.splitlines():
+        if "Traceback (most recent call last)" in line:
+            in_traceback = True
+            continue
+        if not in_traceback or line[:1] in (" ", "\t"):
+            continue
+        m = _RAISED.fullmatch(line.strip())
+        if m and not m["qual"].startswith(_NOT_PYTHON) and (
+                m["qual"].startswith("spark_backend.")
+                or m["name"].endswith(("Error", "Exception", "Exit", "Interrupt"))):
+            raised = m
+    if raised is None:
+        return None
+    if raised["qual"].startswith("spark_backend."):
+        return raised["message"].strip()[:400]
+    said = f"{raised['name']}: {raised['message'].strip()}"[:400]
+    if raised["name"] in ("ModuleNotFoundError", "ImportError"):
+        said += (" (every node needs the project and its requirements installed for the "
+                 "Python that runs its tasks: README, Running on a cluster)")
+    return said
+
+
 def one_line(error: BaseException) -> str:
-    """The first meaningful line of a Spark/py4j error (never a stack trace)."""
+    """The first meaningful line of a Spark/py4j error (never a stack trace); for a task whose
+    Python code raised, what it raised (``task_raised``): a task on an executor of a cluster
+    meets what the driver did not (no credentials there, the project not installed)."""
     text = str(error)
+    raised = task_raised(text)
+    if raised:
+        return f"a task raised: {raised}"
     for line in text.splitlines():
         line = line.strip()
         if line and not line.startswith(("at ", "Traceback", "File ", "JVM stacktrace")):
