@@ -154,6 +154,9 @@ CLI_CASES = [
     ("SPARK_REMOTE", "http://x", "pull --source demo --cache {dir}/new-r.duckdb"),
     ("CSI_SPARK_MASTER", "local[0]",
      "import --format recording --stream S {dir}/good.jsonl --cache {dir}/new-i.duckdb"),
+    ("CSI_SPARK_CONF", "executor.memory=3g", "pull --source demo --cache {dir}/new-c.duckdb"),
+    ("CSI_SPARK_CONF", "spark.executor.memory",
+     "import --format recording --stream S {dir}/good.jsonl --cache {dir}/new-j.duckdb"),
 ])
 def test_a_bad_spark_setting_in_the_environment_is_named(place, variable, value, command):
     """A Spark URL from the environment is checked before anything starts (no cache file is
@@ -169,6 +172,22 @@ def test_a_bad_spark_setting_in_the_environment_is_named(place, variable, value,
     line = one_error_line(done.stderr)
     assert f"${variable} {value!r}" in line and "--spark" not in line, line
     assert not Path(argv[argv.index("--cache") + 1]).exists()
+
+
+def test_spark_settings_beside_spark_connect_are_one_sentence(place):
+    """$CSI_SPARK_CONF goes to a classic session; with Spark Connect it would be ignored, so it
+    is refused before anything starts."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "CSI_SPARK_CONF": "spark.executor.memory=2g",
+           "SPARK_REMOTE": "sc://127.0.0.1:1"}
+    env.pop("CSI_CACHE", None)
+    cache = place["dir"] / "new-connect.duckdb"
+    done = subprocess.run([sys.executable, "-m", "spark_backend", "pull", "--source", "demo",
+                           "--cache", str(cache)], cwd=str(place["dir"]), env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 2, (done.returncode, done.stderr)
+    line = one_error_line(done.stderr)
+    assert line.startswith("error: $CSI_SPARK_CONF applies to a classic Spark session"), line
+    assert not cache.exists()
 
 
 def test_an_unwritable_spark_log_is_one_sentence_naming_its_variable(place, tmp_path):

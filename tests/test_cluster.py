@@ -134,6 +134,40 @@ def test_a_clusters_executors_get_the_allocator_setting_from_the_session(cluster
     assert seen == [[ALLOCATOR_ENV, False]] * 4
 
 
+_CONF_PROBE = """
+import json, os, sys
+from spark_backend.spark.session import spark_session
+spark = spark_session(sys.argv[1])
+def look(_):
+    import os
+    pid, heap = os.getpid(), None
+    while pid > 1 and heap is None:  # up to the executor's JVM: its heap as launched
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            words = f.read().decode(errors="replace").split("\\0")
+        if any("CoarseGrainedExecutorBackend" in w for w in words):
+            heap = [w for w in words if w.startswith("-Xmx")]
+        with open(f"/proc/{pid}/stat") as f:
+            pid = int(f.read().rsplit(")", 1)[1].split()[1])
+    yield os.environ.get("CSI_PROBE"), heap
+print(json.dumps([spark.sparkContext.getConf().get("spark.executor.memory"),
+                  spark.sparkContext.parallelize(range(4), 4).mapPartitions(look).collect()]))
+"""
+
+
+def test_the_users_spark_settings_reach_a_clusters_executors(cluster):
+    """$CSI_SPARK_CONF is applied last: it wins over the tool's own settings (executors of 1g)
+    and reaches the cluster's executors (their JVM's heap, their environment)."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT),
+               CSI_SPARK_CONF="spark.executor.memory=700m; spark.executorEnv.CSI_PROBE=seen")
+    env.pop("SPARK_REMOTE", None)
+    out = subprocess.run([sys.executable, "-c", _CONF_PROBE, cluster.master_url], cwd=ROOT,
+                         env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    memory, tasks = json.loads(out.stdout.strip().splitlines()[-1])
+    assert memory == "700m"
+    assert len(tasks) == 4 and all(t == ["seen", ["-Xmx700M"]] for t in tasks), tasks
+
+
 def test_import_on_a_standalone_cluster_equals_a_local_import(cluster):
     """Sample files of every format, in a folder the executors cannot see, imported through
     the cluster: the cache holds exactly what a local import of the same files holds."""

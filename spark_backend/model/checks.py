@@ -81,18 +81,46 @@ def spark_remote(value: str | None, label: str = "--spark-remote") -> str | None
     return value
 
 
+_SPARK_KEY = re.compile(r"spark\.[A-Za-z0-9_.\-]+")
+
+
+def spark_conf(value: str | None, remote: bool = False) -> dict[str, str]:
+    """``$CSI_SPARK_CONF``: ``KEY=VALUE`` entries (keys ``spark.*``) separated by ``;`` or new
+    lines; they go to a classic session only (a Connect server has its own settings)."""
+    label = f"${config.SPARK_CONF_ENVVAR}"
+    settings: dict[str, str] = {}
+    for entry in re.split(r"[;\n]", value or ""):
+        if not entry.strip():
+            continue
+        key, eq, setting = entry.strip().partition("=")
+        key = key.strip()
+        if not eq or not _SPARK_KEY.fullmatch(key) or not setting.strip():
+            raise BadInput(f"{label} {entry.strip()!r} is not a Spark setting; give KEY=VALUE "
+                           "entries with keys spark.*, separated by ';' (e.g. "
+                           "spark.executor.memory=4g;spark.submit.pyFiles=/opt/csi.zip).")
+        settings[key] = setting.strip()
+    if settings and remote:
+        raise BadInput(f"{label} applies to a classic Spark session; a Spark Connect server has "
+                       "its own settings: give them when you start it (or unset "
+                       f"{label}).")
+    return settings
+
+
 def spark_choice(master: str | None, remote: str | None) -> None:
     """The Spark a job will use: the flags, and the environment variables it falls back on
     (``session.spark_session``), each named as given."""
     spark_master(master)
     spark_remote(remote)
     if master or remote:
+        spark_conf(os.environ.get(config.SPARK_CONF_ENVVAR), remote=bool(remote))
         return
     if os.environ.get(config.SPARK_REMOTE_ENVVAR):
         spark_remote(os.environ[config.SPARK_REMOTE_ENVVAR], f"${config.SPARK_REMOTE_ENVVAR}")
+        spark_conf(os.environ.get(config.SPARK_CONF_ENVVAR), remote=True)
     else:
         spark_master(os.environ.get(config.SPARK_MASTER_ENVVAR) or None,
                      f"${config.SPARK_MASTER_ENVVAR}")
+        spark_conf(os.environ.get(config.SPARK_CONF_ENVVAR))
 
 
 def pull_values(request: Any) -> None:

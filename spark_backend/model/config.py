@@ -12,6 +12,9 @@ EMULATOR_BINARY_ENVVAR = "SPANNER_EMULATOR_BINARY"
 DEFAULT_EMULATOR_BINARY = "/usr/lib/google-cloud-sdk/bin/cloud_spanner_emulator/emulator_main"
 SPARK_MASTER_ENVVAR = "CSI_SPARK_MASTER"
 SPARK_REMOTE_ENVVAR = "SPARK_REMOTE"
+# Spark settings of the user's, applied last to a classic session (they win over the tool's
+# own): ``KEY=VALUE`` entries separated by ``;`` or new lines (``checks.spark_conf``).
+SPARK_CONF_ENVVAR = "CSI_SPARK_CONF"
 CACHE_ENVVAR = "CSI_CACHE"
 DEFAULT_CACHE = Path.home() / ".cache" / "changestream-inspector" / "cache.duckdb"
 MEMORY_ENVVAR = "CSI_DUCKDB_MEMORY"

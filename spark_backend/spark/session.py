@@ -264,6 +264,7 @@ def spark_session(master: str | None = None, remote: str | None = None):
         _python_logs_to_file()
         if remote:
             checks.spark_remote(remote, remote_label)
+            checks.spark_conf(os.environ.get(config.SPARK_CONF_ENVVAR), remote=True)
             spark = _connect_session(remote)
         else:
             spark = _classic_session(checks.spark_master(master, master_label))
@@ -462,6 +463,10 @@ def _classic_session(master: str):
     for name in config.ALLOCATOR_ENV:  # a cluster's executors do not inherit the driver's env
         if name in os.environ:
             conf.set(f"spark.executorEnv.{name}", os.environ[name])
+    # The user's own settings last: they win over the tool's (executor memory, shipping the
+    # project with spark.submit.pyFiles, a YARN queue...).
+    for key, value in checks.spark_conf(os.environ.get(config.SPARK_CONF_ENVVAR)).items():
+        conf.set(key, value)
     log = open(spark_log_path(), "ab")  # the JVM keeps its own descriptor
     sc = None
     try:
