@@ -168,6 +168,39 @@ def test_the_users_spark_settings_reach_a_clusters_executors(cluster):
     assert len(tasks) == 4 and all(t == ["seen", ["-Xmx700M"]] for t in tasks), tasks
 
 
+def test_a_project_shipped_to_nodes_without_it_with_spark_submit_pyfiles(tmp_path):
+    """Workers that have the requirements but not the project (its folder hidden from them,
+    nothing of it on their path): the pull says in one sentence that a task could not import
+    it; shipped as a zip with ``CSI_SPARK_CONF=spark.submit.pyFiles=...`` (README, Running on a
+    cluster), the pull equals the ground truth."""
+    import zipfile
+
+    _require_private_mounts()
+    shipped = tmp_path / "ship" / "csi.zip"
+    shipped.parent.mkdir()
+    with zipfile.ZipFile(shipped, "w") as z:
+        for path in sorted((ROOT / "spark_backend").rglob("*.py")):
+            z.write(path, path.relative_to(ROOT).as_posix())
+    hidden = tmp_path / "cache"
+    hidden.mkdir()
+    with standalone_cluster(tmp_path / "logs", workers=1, cores=2,
+                            hidden=[hidden, ROOT.resolve()]) as running:
+        env = {"PYTHONPATH": ""}
+        out = cli("pull", "--source", "demo", "--spark-master", running.master_url,
+                  "--cache", str(hidden / "without.duckdb"), env=env)
+        assert out.returncode == 1, out.stderr[-2000:]
+        assert ("a task raised: ModuleNotFoundError: No module named 'spark_backend' (every "
+                "node needs the project") in out.stderr, out.stderr[-2000:]
+        assert_no_spark_output(out)
+        out = cli("pull", "--source", "demo", "--spark-master", running.master_url,
+                  "--cache", str(hidden / "shipped.duckdb"),
+                  env={**env, "CSI_SPARK_CONF": f"spark.submit.pyFiles={shipped}"})
+        assert out.returncode == 0, out.stderr[-2000:]
+        assert "pulled 28,000 records from 41 partitions" in out.stdout
+        with Cache(hidden / "shipped.duckdb") as cache:
+            assert_equals_world(cache, "DemoStream", build_world())
+
+
 def test_import_on_a_standalone_cluster_equals_a_local_import(cluster):
     """Sample files of every format, in a folder the executors cannot see, imported through
     the cluster: the cache holds exactly what a local import of the same files holds."""
