@@ -460,23 +460,29 @@ def test_the_dashboards_pulls_on_workers_of_another_network(far_cluster):
     _executors_called_back(far_cluster, far_cluster.near, since)
 
 
+def _source_towards_a_documentation_address() -> str | None:
+    """The source address ``ip route get`` names for 198.51.100.7 (a second opinion on the
+    kernel's route); skips without iproute2."""
+    import shutil
+
+    if shutil.which("ip") is None:
+        pytest.skip("iproute2's ip is not installed: no second opinion on the route")
+    route = subprocess.run(["ip", "-o", "route", "get", "198.51.100.7"], capture_output=True,
+                           text=True)
+    words = route.stdout.split()
+    return words[words.index("src") + 1] if "src" in words else None
+
+
 def test_the_driver_address_follows_the_master(monkeypatch):
     """Local Spark and a master on the loopback keep the driver on 127.0.0.1; a chosen
     SPARK_LOCAL_IP wins; a master elsewhere gets this machine's address on the way to it."""
-    import shutil
-
     from spark_backend.spark.session import driver_address
 
     monkeypatch.delenv("SPARK_LOCAL_IP", raising=False)
     for master in ("local[*]", "local[2]", "spark://127.0.0.1:7077", "spark://localhost:7077",
                    "spark://127.0.0.1:7077,localhost:7078", "k8s://https://127.0.0.1:6443"):
         assert driver_address(master) == "127.0.0.1", master
-    if shutil.which("ip") is None:
-        pytest.skip("iproute2's ip is not installed: no second opinion on the route")
-    route = subprocess.run(["ip", "-o", "route", "get", "198.51.100.7"], capture_output=True,
-                           text=True)
-    words = route.stdout.split()
-    expected = words[words.index("src") + 1] if "src" in words else None
+    expected = _source_towards_a_documentation_address()
     assert driver_address("spark://198.51.100.7:7077") == expected
     monkeypatch.setenv("SPARK_LOCAL_IP", "10.9.8.7")
     assert driver_address("spark://198.51.100.7:7077") == "10.9.8.7"
@@ -486,8 +492,6 @@ def test_the_driver_address_follows_the_master(monkeypatch):
 def test_the_serving_address_is_known_before_spark_starts(monkeypatch):
     """What the dashboard's first minute binds its demo server to before the session exists
     equals what the session will say, for each way Spark is chosen."""
-    import shutil
-
     from spark_backend.spark.session import planned_executor_facing_address as planned
 
     for name in ("SPARK_LOCAL_IP", "SPARK_REMOTE", "CSI_SPARK_MASTER"):
@@ -497,12 +501,7 @@ def test_the_serving_address_is_known_before_spark_starts(monkeypatch):
     assert planned(remote="sc://127.0.0.1:15002") == "127.0.0.1"
     assert planned(master="yarn") is None  # Spark's own choice: known once it has started
     assert planned(master="bogus://x") is None  # the session says what is wrong
-    if shutil.which("ip") is None:
-        pytest.skip("iproute2's ip is not installed: no second opinion on the route")
-    route = subprocess.run(["ip", "-o", "route", "get", "198.51.100.7"], capture_output=True,
-                           text=True)
-    words = route.stdout.split()
-    expected = words[words.index("src") + 1] if "src" in words else None
+    expected = _source_towards_a_documentation_address()
     assert planned(master="spark://198.51.100.7:7077") == expected
     monkeypatch.setenv("CSI_SPARK_MASTER", "spark://198.51.100.7:7077")
     assert planned() == expected
