@@ -126,6 +126,12 @@ def _connect(path: Path, read_only: bool, memory_limit: str, threads: int | None
     config = {**LOCKED_DOWN, "memory_limit": memory_limit, "checkpoint_threshold": "64MB"}
     if threads is not None:
         config["threads"] = threads
+    if read_only and not os.access(path.parent, os.W_OK):
+        # A cache in a read-only place: DuckDB spills beside the file by default, which
+        # fails there ("Failed to create directory ...tmp"); this process's own folder in the
+        # system's temporary place instead (DuckDB makes it, and removes it at close).
+        config["temp_directory"] = os.path.join(
+            tempfile.gettempdir(), f"csi-duckdb-{os.getpid()}-{abs(hash(str(path)))}")
     config.update(allocator or {})
     try:
         return duckdb.connect(str(path), read_only=read_only, config=config)
