@@ -279,6 +279,21 @@ def test_what_a_task_raised_is_found_in_the_spark_error():
     assert one_line(RuntimeError("Job aborted\n\tat x")) == "Job aborted"
 
 
+def test_a_master_without_workers_is_one_sentence(tmp_path):
+    """A master is up but no worker is registered (stopped, or not started yet): the pull's jobs
+    would wait for ever without a word; it is one sentence once the wait for an executor is over
+    (``CSI_SPARK_EXECUTOR_WAIT_S``, 60 s by default, 5 here)."""
+    with standalone_cluster(tmp_path / "logs", workers=0, isolated=False) as running:
+        out = cli("pull", "--source", "demo", "--spark-master", running.master_url, "--cache",
+                  str(tmp_path / "c.duckdb"), env={"CSI_SPARK_EXECUTOR_WAIT_S": "5"})
+    assert out.returncode == 1, out.stderr[-2000:]
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(
+        f"error: The Spark master at {running.master_url} gave this application no executor "
+        "within 5 s: no worker is registered with it"), lines
+    assert_no_spark_output(out)
+
+
 def test_a_bogus_master_is_one_sentence(tmp_path):
     out = cli("pull", "--source", "demo", "--spark-master", "bogus://x",
               "--cache", str(tmp_path / "c.duckdb"), timeout=120)

@@ -88,6 +88,10 @@ def spark_conf(value: str | None, remote: bool = False) -> dict[str, str]:
     """``$CSI_SPARK_CONF``: ``KEY=VALUE`` entries (keys ``spark.*``) separated by ``;`` or new
     lines; they go to a classic session only (a Connect server has its own settings)."""
     label = f"${config.SPARK_CONF_ENVVAR}"
+    comma = re.search(r",\s*(spark\.[A-Za-z0-9_.\-]+=)", value or "")
+    if comma:  # a value may hold commas (a list of files); a comma before a key is a mistake
+        raise BadInput(f"{label}: entries are separated by ';' or new lines, not ',' (before "
+                       f"{comma.group(1)!r}); e.g. spark.executor.memory=4g;spark.yarn.queue=etl.")
     settings: dict[str, str] = {}
     for entry in re.split(r"[;\n]", value or ""):
         if not entry.strip():

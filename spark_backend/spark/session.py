@@ -265,9 +265,9 @@ def spark_session(master: str | None = None, remote: str | None = None):
         if remote:
             checks.spark_remote(remote, remote_label)
             checks.spark_conf(os.environ.get(config.SPARK_CONF_ENVVAR), remote=True)
-            spark = _connect_session(remote)
+            spark = _connect_session(remote, remote_label)
         else:
-            spark = _classic_session(checks.spark_master(master, master_label))
+            spark = _classic_session(checks.spark_master(master, master_label), master_label)
         jvm_launched.set()
     return spark
 
@@ -311,7 +311,12 @@ def _import_connect_client() -> None:
             del sys.modules["IPython"]
 
 
-def _connect_session(remote: str):
+def _leave_out(label: str) -> str:
+    """How to do without the Spark ``label`` names: a flag is left out, a variable unset."""
+    return f"unset {label[1:]}" if label.startswith("$") else f"leave out {label}"
+
+
+def _connect_session(remote: str, label: str = "--spark-remote"):
     _import_connect_client()
     from pyspark.sql import SparkSession
 
@@ -321,7 +326,7 @@ def _connect_session(remote: str):
     except OSError as e:
         raise SparkUnavailable(
             f"No Spark Connect server answers at {remote} ({e.strerror or e}); start one "
-            "(README, 'Spark Connect') or leave out --spark-remote to use local Spark."
+            f"(README, 'Spark Connect') or {_leave_out(label)} to use local Spark."
         ) from e
     url = remote if ";" in remote else f"{remote.rstrip('/')}/;session_id={_session_id(remote)}"
     try:
@@ -391,7 +396,7 @@ def _alive(spark, remote: str):
     return SparkSession.builder.remote(url).create()  # the new default session
 
 
-def _classic_session(master: str):
+def _classic_session(master: str, label: str = "--spark-master"):
     from pyspark import SparkConf, SparkContext
     from pyspark.java_gateway import launch_gateway
     from pyspark.sql import SparkSession
@@ -399,7 +404,7 @@ def _classic_session(master: str):
     active = SparkContext._active_spark_context
     if active is not None:
         return SparkSession.builder.getOrCreate()
-    _check_standalone_master(master)
+    _check_standalone_master(master, label)
     # A master given beside an exported SPARK_REMOTE wins (``spark_session``): Spark's launcher
     # and pyspark's builder would take the variable for a Connect session (the launcher refuses
     # both), so this process, whose one session is classic, drops it.
@@ -474,11 +479,14 @@ def _classic_session(master: str):
         jvm_launched.set()
         sc = SparkContext(gateway=gateway, conf=conf)
         sc.setLogLevel("WARN")
+        _wait_for_an_executor(sc, master, label)
         return SparkSession(sc)
     except Exception as e:
         if sc is not None:
             with contextlib.suppress(Exception):
                 sc.stop()
+        if isinstance(e, InspectorError):
+            raise
         raise SparkUnavailable(
             f"Spark did not start with master {master} ({one_line(e)}); Spark's log is "
             f"{spark_log_path()}."
@@ -487,7 +495,40 @@ def _classic_session(master: str):
         log.close()
 
 
-def _check_standalone_master(master: str) -> None:
+EXECUTOR_WAIT_ENVVAR = "CSI_SPARK_EXECUTOR_WAIT_S"
+
+
+def _wait_for_an_executor(sc, master: str, label: str) -> None:
+    """A standalone master that gives the application no executor (no worker registered, or
+    none with the cores and memory an executor asks for) lets its jobs wait for ever without a
+    word: wait for the first executor (``$CSI_SPARK_EXECUTOR_WAIT_S``, default 60 s), else one
+    sentence. Not for YARN or Kubernetes, whose executors may only come with the first job."""
+    if not master.startswith("spark://") or sc.getConf().get(
+            "spark.dynamicAllocation.enabled", "false").lower() == "true":
+        return
+    raw = os.environ.get(EXECUTOR_WAIT_ENVVAR, "60")
+    try:
+        wait_s = float(raw)
+    except ValueError:
+        wait_s = -1.0
+    if not 0 < wait_s <= 3600:
+        raise BadInput(f"${EXECUTOR_WAIT_ENVVAR}={raw!r} is not a wait; give seconds from 1 "
+                       "to 3600.")
+    tracker = sc._jsc.sc().statusTracker()
+    deadline = time.monotonic() + wait_s
+    while len(tracker.getExecutorInfos()) < 2:  # the driver is one of them
+        if time.monotonic() > deadline:
+            memory = sc.getConf().get("spark.executor.memory", "1g")
+            raise SparkUnavailable(
+                f"The Spark master at {master} gave this application no executor within "
+                f"{wait_s:.0f} s: no worker is registered with it, or none has a free core and "
+                f"the memory an executor asks for (spark.executor.memory {memory}); start a "
+                f"worker (README, 'Running on a cluster') or {_leave_out(label)} to use local "
+                "Spark.")
+        time.sleep(0.2)
+
+
+def _check_standalone_master(master: str, label: str = "--spark-master") -> None:
     """A standalone master that does not answer: say so at once (Spark retries for a minute)."""
     if not master.startswith("spark://"):
         return
@@ -499,7 +540,7 @@ def _check_standalone_master(master: str) -> None:
             continue
     raise SparkUnavailable(
         f"No Spark master answers at {master}; start one (README, 'Running on a cluster') or "
-        "leave out --spark-master to use local Spark."
+        f"{_leave_out(label)} to use local Spark."
     )
 
 
