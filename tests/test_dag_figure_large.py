@@ -52,3 +52,35 @@ def test_bars_are_clickable_up_to_the_limit_and_one_path_per_state_above(n):
         drawn["holding back"].line.color == figures.STATUS_COLOUR["holding back"])
     labels = [t for t in fig.data if t.type == "scatter" and t.mode == "text"]
     assert labels and any(token in s for s in labels[0].text)  # named in red
+
+
+def _span_nodes(span_ns: int, n: int = 4) -> pd.DataFrame:
+    """``n`` open roots from T0, each read to ``span_ns`` after it (0: not read yet)."""
+    return dag_layout.layout(pd.DataFrame({
+        "token": [f"r{i}" for i in range(n)], "parents": [[] for _ in range(n)],
+        "start_ns": [T0] * n, "end_ns": [None] * n,
+        "watermark_ns": [T0 + span_ns if span_ns else None] * n,
+        "state": ["open"] * n, "error": [None] * n, "finished": [False] * n,
+        "stalled": [False] * n, "data_change_records": [0] * n, "heartbeats": [0] * n}))
+
+
+@pytest.mark.parametrize("span_ns", [0, 300_000_000])
+def test_a_dag_of_no_time_or_under_a_second_has_an_axis_of_a_second(span_ns):
+    """Partitions named but not read (a pull stopped after its first query): bars of no width
+    on an axis a millisecond wide drew nothing; the axis is a second at least, the bars of
+    partitions with no time read are 1/40 of it and a line says why. A real span under a
+    second keeps its bars' widths and says nothing."""
+    nodes = _span_nodes(span_ns)
+    empty = pd.DataFrame({"parent": [], "child": [], "kind": []})
+    fig = figures.dag_figure(nodes, dag_layout.edge_segments(nodes, empty))
+    lo, hi = (pd.Timestamp(v).value for v in fig.layout.xaxis.range)
+    assert hi - lo >= 10**9
+    (bars,) = [t for t in fig.data if t.type == "bar"]
+    widths_ms = set(bars.x)
+    said = [a.text for a in fig.layout.annotations]
+    if span_ns:
+        assert widths_ms == {300.0} and said == []
+    else:
+        assert widths_ms == {25.0}
+        assert said == ["No time read yet: each partition is drawn at its start "
+                        "(2026-01-05T09:00:00.000000Z); pull again to read them"]

@@ -34,6 +34,10 @@ CLICKABLE_BARS = 3000
 # Fixed margins with room for the legend and the axis labels: with plotly's automargin the legend
 # above the plot pushes the margin, and plotly draws every trace a second time.
 _DAG_MARGIN = dict(l=40, r=10, t=110, b=40, autoexpand=False)
+# The narrowest time axis the DAG draws: a cache whose partitions were named but not read yet
+# (a pull stopped after its first query) has bars that start and end at one instant, which on
+# an axis of no width plotly draws as nothing.
+_DAG_MIN_SPAN_NS = 1_000_000_000
 
 
 def _dt(ns: pd.Series) -> list:
@@ -77,7 +81,12 @@ def dag_figure(nodes: pd.DataFrame, segments: pd.DataFrame, highlight: Sequence[
     if nodes.empty:
         return fig.update_layout(height=240)
     lo, hi = int(nodes["x0_ns"].min()), int(nodes["x1_ns"].max())
-    min_w = max(1, (hi - lo) // 400)
+    unread = hi == lo  # no partition has a time after its start yet
+    narrow = hi - lo < _DAG_MIN_SPAN_NS
+    if narrow:
+        hi = lo + _DAG_MIN_SPAN_NS
+    # unread: each bar 1/40 of the axis from its start, with a line saying why
+    min_w = max(1, (hi - lo) // (40 if unread else 400))
     df = nodes.assign(kind=nodes["status"])
     if holder is not None:
         df.loc[df["token"] == holder, "kind"] = "holding back"
@@ -130,6 +139,13 @@ def dag_figure(nodes: pd.DataFrame, segments: pd.DataFrame, highlight: Sequence[
             hoverinfo="skip", cliponaxis=False))
     if not labelled.empty:  # room on the right for the names
         fig.update_xaxes(range=[to_datetime(lo), to_datetime(hi + (hi - lo) // 3)])
+    elif narrow:
+        fig.update_xaxes(range=[to_datetime(lo - min_w), to_datetime(hi)])
+    if unread:
+        fig.add_annotation(
+            text=f"No time read yet: each partition is drawn at its start ({timestamp(lo)}); "
+                 "pull again to read them", showarrow=False, xref="paper", yref="paper",
+            x=0.5, y=0.5, font=dict(size=13, color="#5f6368"), bgcolor="rgba(255,255,255,0.8)")
     fig.update_layout(
         height=height, barmode="overlay",
         margin=_DAG_MARGIN, legend=_LEGEND, clickmode="event+select",

@@ -7,7 +7,7 @@ process's own, and the cache is free again when it exits.
   whole demo world, then pull the demo world again from the Sources page with the PostgreSQL
   dialect as stream ``DemoPg``; what the first minute and the Sources page said.
 - ``python -m tests.support.dashboard_run pages CACHE``: every page on ``CACHE``; per page, its
-  exceptions, errors and charts.
+  exceptions, errors, charts and the lines written across them (annotations).
 """
 
 from __future__ import annotations
@@ -30,9 +30,12 @@ def pages(cache: str) -> dict:
         at.session_state["cache_path"] = cache
         at.run()
         at.switch_page(f"../pages/{page}.py").run()
+        charts = [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
         said[page] = {"exceptions": [e.value for e in at.exception],
                       "errors": [e.value for e in at.error],
-                      "charts": len(at.get("plotly_chart"))}
+                      "charts": len(charts),
+                      "notes": [a.get("text") for c in charts
+                                for a in c.get("layout", {}).get("annotations", [])]}
     return said
 
 
