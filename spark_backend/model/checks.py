@@ -71,11 +71,19 @@ def spark_master(value: str | None, label: str = "--spark-master") -> str | None
     return value
 
 
+_TOKEN = re.compile(r"(;\s*token=)[^;]*", re.IGNORECASE)
+
+
+def shown_remote(value: str) -> str:
+    """A Spark Connect URL as messages show it: its ``;token=`` (a credential) left out."""
+    return _TOKEN.sub(r"\1(hidden)", value)
+
+
 def spark_remote(value: str | None, label: str = "--spark-remote") -> str | None:
     """``label``: where the value came from (the flag, or ``$SPARK_REMOTE``)."""
     if value is not None and not SPARK_REMOTE_RE.match(value):
         raise BadInput(
-            f"{label} {value!r} is not a Spark Connect URL; accepted is "
+            f"{label} {shown_remote(value)!r} is not a Spark Connect URL; accepted is "
             "sc://HOST[:PORT] (default port 15002).", field="spark_remote",
         )
     return value

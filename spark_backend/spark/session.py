@@ -23,6 +23,7 @@ from typing import Any
 
 from spark_backend.model import checks, config
 from spark_backend.model.errors import BadInput, InspectorError
+from spark_backend.spark import class_archive, probes
 
 _lock = threading.Lock()
 _registered: set[int] = set()
@@ -321,13 +322,17 @@ def _connect_session(remote: str, label: str = "--spark-remote"):
     from pyspark.sql import SparkSession
 
     host, port = validate_remote(remote)
+    shown = checks.shown_remote(remote)
     try:  # the Connect client retries for minutes against nothing: ask once, quickly
         socket.create_connection((host, port), timeout=3).close()
     except OSError as e:
         raise SparkUnavailable(
-            f"No Spark Connect server answers at {remote} ({e.strerror or e}); start one "
+            f"No Spark Connect server answers at {shown} ({e.strerror or e}); start one "
             f"(README, 'Spark Connect') or {_leave_out(label)} to use local Spark."
         ) from e
+    problem = probes.connect_port_problem(host, port, tls=_connect_uses_tls(remote, host))
+    if problem:  # the Connect client would retry for minutes (gRPC's lines on the terminal)
+        raise SparkUnavailable(f"Spark Connect at {shown} cannot be used: {problem}.")
     url = remote if ";" in remote else f"{remote.rstrip('/')}/;session_id={_session_id(remote)}"
     try:
         spark = SparkSession.builder.remote(url).getOrCreate()
@@ -335,9 +340,26 @@ def _connect_session(remote: str, label: str = "--spark-remote"):
     except SparkUnavailable:
         raise
     except Exception as e:
+        said = one_line(e)
+        token = _connect_params(remote).get("token")
+        if token:  # a credential is never shown
+            said = said.replace(token, "(hidden)")
         raise SparkUnavailable(
-            f"Spark Connect at {remote} did not accept a session ({one_line(e)})."
+            f"Spark Connect at {shown} did not accept a session ({said})."
         ) from e
+
+
+def _connect_params(remote: str) -> dict[str, str]:
+    """The ``;key=value`` parameters of a Connect URL."""
+    return dict(part.strip().partition("=")[::2] for part in remote.split(";")[1:])
+
+
+def _connect_uses_tls(remote: str, host: str) -> bool:
+    """Whether pyspark's Connect client talks TLS to ``remote`` (``ChannelBuilder.secure``):
+    with ``;use_ssl=true``, or with a ``;token=`` to any host but ``localhost``."""
+    params = _connect_params(remote)
+    use_ssl = params.get("use_ssl", "").lower() == "true"
+    return use_ssl or ("token" in params and host != "localhost")
 
 
 # Spark Connect: every process of the tool joins one server-side session per server (its id
@@ -396,6 +418,20 @@ def _alive(spark, remote: str):
     return SparkSession.builder.remote(url).create()  # the new default session
 
 
+_DRIVER_JAVA_OPTIONS = (
+    "-XX:+UseSerialGC -Xms32m -Xmn32m -XX:MinHeapFreeRatio=10 -XX:MaxHeapFreeRatio=30 "
+    "-XX:TieredStopAtLevel=1 -XX:CompileThresholdScaling=10 -XX:ReservedCodeCacheSize=96m "
+    "-XX:+IgnoreUnrecognizedVMOptions "
+    "-XX:+UnlockDiagnosticVMOptions -XX:TrimNativeHeapInterval=1000")
+
+
+def _crash_file() -> str:
+    """Where a driver JVM that crashes writes its report: beside Spark's log, not in the
+    folder the command runs in (``hs_err_pid*.log``)."""
+    folder = str(spark_log_path().parent)
+    return "" if " " in folder else f"-XX:ErrorFile={folder}/hs_err_pid%p.log"
+
+
 def _classic_session(master: str, label: str = "--spark-master"):
     from pyspark import SparkConf, SparkContext
     from pyspark.java_gateway import launch_gateway
@@ -412,6 +448,12 @@ def _classic_session(master: str, label: str = "--spark-master"):
     address = driver_address(master)
     if address:  # what the JVM, launched below, advertises (its block manager's files too)
         os.environ["SPARK_LOCAL_IP"] = address
+    java_options = os.environ.get("CSI_SPARK_DRIVER_JAVA_OPTIONS", _DRIVER_JAVA_OPTIONS)
+    # Spark's classes from the archive an earlier driver left (class_archive: seconds off the
+    # start and the first job); without one yet, a builder starts once this session has.
+    archive = class_archive.archive_for(java_options,
+                                        os.environ.get(config.SPARK_CONF_ENVVAR, ""))
+    archived = class_archive.option(archive)
     conf = (
         SparkConf()
         .setMaster(master)
@@ -438,12 +480,7 @@ def _classic_session(master: str, label: str = "--spark-master"):
         # now 7 -> 12, the JVM's peak 383 -> 368 MB; a 1M pull at 20 ms 139.5, 150.6 -> 141.0,
         # 142.1 s, its peak 1,007, 1,005 -> 995, 996 MB; benchmarks/MEMORY.md, stop 37).
         .set("spark.driver.memory", os.environ.get("CSI_SPARK_DRIVER_MEMORY", "512m"))
-        .set("spark.driver.extraJavaOptions", os.environ.get(
-            "CSI_SPARK_DRIVER_JAVA_OPTIONS",
-            "-XX:+UseSerialGC -Xms32m -Xmn32m -XX:MinHeapFreeRatio=10 -XX:MaxHeapFreeRatio=30 "
-            "-XX:TieredStopAtLevel=1 -XX:CompileThresholdScaling=10 -XX:ReservedCodeCacheSize=96m "
-            "-XX:+IgnoreUnrecognizedVMOptions "
-            "-XX:+UnlockDiagnosticVMOptions -XX:TrimNativeHeapInterval=1000"))
+        .set("spark.driver.extraJavaOptions", f"{java_options} {archived} {_crash_file()}".strip())
         .set("spark.executor.memory", "1g")
         # A task's results up to 16 MB travel in its status message instead of being put in
         # the executor's block store, fetched from there and removed (Spark's default above
@@ -475,11 +512,23 @@ def _classic_session(master: str, label: str = "--spark-master"):
     log = open(spark_log_path(), "ab")  # the JVM keeps its own descriptor
     sc = None
     try:
-        gateway = launch_gateway(conf, popen_kwargs={"stdout": log, "stderr": log})
+        try:
+            gateway = launch_gateway(conf, popen_kwargs={"stdout": log, "stderr": log})
+        except Exception:
+            if not archived:
+                raise
+            # A JVM that dies at its start with the archive (the archive is damaged): without
+            # it, this time and from now on.
+            class_archive.discard(archive)
+            archived = ""
+            conf.set("spark.driver.extraJavaOptions", f"{java_options} {_crash_file()}".strip())
+            gateway = launch_gateway(conf, popen_kwargs={"stdout": log, "stderr": log})
         jvm_launched.set()
         sc = SparkContext(gateway=gateway, conf=conf)
         sc.setLogLevel("WARN")
         _wait_for_an_executor(sc, master, label)
+        if not archived:
+            class_archive.build_later(archive, java_options)
         return SparkSession(sc)
     except Exception as e:
         if sc is not None:
@@ -532,12 +581,21 @@ def _check_standalone_master(master: str, label: str = "--spark-master") -> None
     """A standalone master that does not answer: say so at once (Spark retries for a minute)."""
     if not master.startswith("spark://"):
         return
+    problems = []
     for host, port in _master_hosts(master):
         try:
             socket.create_connection((host, port), timeout=3).close()
-            return
         except OSError:
             continue
+        problem = probes.master_port_problem(host, port)
+        if problem is None:
+            return
+        problems.append(problem)
+    if problems:  # something answers, but not a master: Spark would retry for a minute
+        said = "; ".join(problems)
+        raise SparkUnavailable(
+            f"{said[0].upper()}{said[1:]}; give {label} the master's URL as its web UI shows "
+            f"it (spark://HOST:7077), or {_leave_out(label)} to use local Spark.")
     raise SparkUnavailable(
         f"No Spark master answers at {master}; start one (README, 'Running on a cluster') or "
         f"{_leave_out(label)} to use local Spark."
