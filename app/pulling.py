@@ -243,7 +243,7 @@ def progress_text(p: Any) -> str:
     if isinstance(p, str):
         return p
     return (f"wave {p.wave} · {p.partitions_done}/{p.partitions_total} partitions · "
-            f"{p.records:,} records · {p.message}")
+            f"{p.counted()} · {p.message}")
 
 
 def progress_fraction(p: Any) -> float:

@@ -10,6 +10,7 @@ stderr holds errors only.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -124,7 +125,7 @@ class _Progress:
     def __call__(self, p: Any) -> None:
         if hasattr(p, "wave"):
             text = (f"wave {p.wave}: {p.partitions_done}/{p.partitions_total} partitions, "
-                    f"{p.records:,} records - {p.message}")
+                    f"{p.counted()} - {p.message}")
         else:
             text = str(p)
         if self.tty:
@@ -233,6 +234,10 @@ def check_args(args) -> None:
 def _check_pull(args) -> None:
     from spark_backend.jobs.checks import check_pull
 
+    if args.source == "beam-metadata" and (args.spark_master or args.spark_remote):
+        flag = "--spark-master" if args.spark_master else "--spark-remote"
+        raise BadInput(f"--source beam-metadata reads the connector's metadata table from this "
+                       f"machine, without Spark; leave out {flag}.", field="spark_master")
     check_pull(_request(args), beam_table=args.table)
 
 
@@ -342,6 +347,18 @@ def _pull_beam(args) -> int:
     return 0
 
 
+def import_summary(result: Any) -> str:
+    """What ``import`` prints of an ``ImportResult``: a line, then its notes and bad examples."""
+    lines = [f"{result.stream}: imported {result.records:,} records from "
+             f"{result.files - result.skipped_files} file(s)"
+             + (f", {result.skipped_files} already imported" if result.skipped_files else "")
+             + (f", {result.duplicates} duplicate(s)" if result.duplicates else "")
+             + (f"; {result.bad} bad record(s) kept in quarantine" if result.bad else "")]
+    lines += [f"  note: {note}" for note in result.notes]
+    lines += [f"  bad: {example}" for example in result.bad_examples]
+    return "\n".join(lines)
+
+
 def cmd_import(args) -> int:
     from spark_backend.jobs.files import import_files
 
@@ -352,15 +369,7 @@ def cmd_import(args) -> int:
                               spark_master=args.spark_master,
                               spark_remote=args.spark_remote)
     progress.done()
-    print(f"{result.stream}: imported {result.records:,} records from "
-          f"{result.files - result.skipped_files} file(s)"
-          + (f", {result.skipped_files} already imported" if result.skipped_files else "")
-          + (f", {result.duplicates} duplicate(s)" if result.duplicates else "")
-          + (f"; {result.bad} bad record(s) kept in quarantine" if result.bad else ""))
-    for note in result.notes:
-        print(f"  note: {note}")
-    for example in result.bad_examples:
-        print(f"  bad: {example}")
+    print(import_summary(result))
     if result.records == 0 and result.bad:
         first = result.bad_examples[0] if result.bad_examples else "see the quarantine table"
         raise BadInput(f"No valid record in the file(s); {result.bad} bad record(s) kept in "
@@ -475,9 +484,41 @@ COMMANDS = {"pull": cmd_pull, "import": cmd_import, "export": cmd_export, "repor
             "history": cmd_history}
 
 
+def _remove_if_left_empty(path: str) -> None:
+    """A cache file a failed pull or import created, removed again when no stream landed in
+    it (Spark or the source failed at once): it would only say "holds no stream yet"."""
+    import duckdb
+
+    try:
+        con = duckdb.connect(path, read_only=True)
+        try:
+            empty = con.execute("SELECT (SELECT count(*) FROM streams) + "
+                                "(SELECT count(*) FROM quarantine)").fetchone()[0] == 0
+        finally:
+            con.close()
+    except duckdb.Error:  # not a cache this run finished creating, or held: left as it is
+        return
+    if empty:
+        for leftover in (path, f"{path}.wal"):
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(leftover)
+
+
 def main(argv: list[str] | None = None) -> int:
     config.quiet_local_client_env()
     args = build_parser().parse_args(argv)
+    creates = args.command in ("pull", "import") and not os.path.lexists(args.cache)
+    failed = True
+    try:
+        code = _run(args)
+        failed = code != 0
+        return code
+    finally:
+        if creates and failed and os.path.isfile(args.cache):
+            _remove_if_left_empty(args.cache)
+
+
+def _run(args) -> int:
     try:
         check_args(args)
         code = COMMANDS[args.command](args)

@@ -104,6 +104,8 @@ CLI_CASES = [
     ("pull --source demo --demo-scale 0.1 --cache {other}", 1, "not a cache of this tool"),
     ("pull --source demo --demo-scale 0.1 --cache {text}", 1, "not a DuckDB cache file"),
     ("pull --source beam-metadata --cache {cache}", 2, "--table"),
+    ("pull --source beam-metadata --project p --instance i --database d --table t "
+     "--spark-master local[2] --cache {cache}", 2, "without Spark; leave out --spark-master"),
     ("pull --source beam-metadata --project p --instance i --database d --table x;y "
      "--cache {cache}", 2, "table name"),
     # report

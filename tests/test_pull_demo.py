@@ -103,6 +103,11 @@ def test_full_pull_equals_ground_truth(demo_pull):
     assert progress and progress[-1].partitions_done == len(world.partitions)
     # Progress counts records as the result does: it never runs ahead of it, and ends on it.
     assert max(p.records for p in progress) == result.records == progress[-1].records
+    # Read so far never goes down (a task's arrival counted only its own records beside what
+    # had landed: 18,202 then 8,876), and what landed is never more than what was read.
+    read = [p.records for p in progress]
+    assert read == sorted(read), read
+    assert all(p.landed is None or p.landed <= p.records for p in progress)
 
 
 def test_dag_has_splits_merges_and_the_stall_is_found(demo_pull):

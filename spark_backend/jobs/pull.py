@@ -97,8 +97,15 @@ class PullProgress:
     wave: int
     partitions_done: int
     partitions_total: int
-    records: int
+    records: int  # read so far (never goes down)
     message: str
+    landed: int | None = None  # of them in the cache, when some are still on their way
+
+    def counted(self) -> str:
+        """'27,078 records (18,202 landed)': read so far, and of them landed if not all."""
+        if self.landed is None or self.landed >= self.records:
+            return f"{self.records:,} records"
+        return f"{self.records:,} records ({self.landed:,} landed)"
 
 
 @dataclass
@@ -652,6 +659,11 @@ def _read_all(spark, cache, stream, pull_id, src, request, parts, end_ns, report
     pending: dict[int, list[Any]] = {}
     known = cache.partition_count(stream)
     before = result.records  # the initial query's
+    read = before  # and what the tasks that ended brought (landed or on their way)
+
+    def progress(message: str) -> PullProgress:
+        return PullProgress(jobs.started, result.partitions_read, known, read, message,
+                            landed=result.records)
 
     def launch() -> None:
         if jobs.free_slots() <= 0 or not plan.ready:
@@ -659,9 +671,8 @@ def _read_all(spark, cache, stream, pull_id, src, request, parts, end_ns, report
         readable = plan.take()
         jobs.start(readable, plan.merge_parents_finished())
         result.waves = jobs.started
-        report(PullProgress(jobs.started, result.partitions_read, known, result.records,
-                            f"job {jobs.started}: reading {len(readable)} partitions and the "
-                            "children they lead to"))
+        report(progress(f"job {jobs.started}: reading {len(readable)} partitions and the "
+                        "children they lead to"))
 
     launch()
     try:
@@ -675,8 +686,7 @@ def _read_all(spark, cache, stream, pull_id, src, request, parts, end_ns, report
                 result.records = before + landed
                 failed = {token for token, _ in failures}
                 plan.offer([p for p in frontier if p[0] not in failed])
-                report(PullProgress(jobs.started, result.partitions_read, known,
-                                    result.records, "landed"))
+                report(progress("landed"))
             elif item is _JOB_DONE:
                 if any(job == number for job, _ in jobs.tasks):
                     raise RuntimeError(f"Spark job {number} ended without all of its tasks' "
@@ -691,9 +701,8 @@ def _read_all(spark, cache, stream, pull_id, src, request, parts, end_ns, report
                     results = pending.pop(number, [])
                     plan.task_ended(jobs.tasks.pop((number, item.task)), results)
                     launch()  # before landing: the next task does not wait for the cache
-                    arrived = sum(p.records for p in results)
-                    report(PullProgress(jobs.started, result.partitions_read, known,
-                                        result.records + arrived, f"job {number}: reading"))
+                    read += sum(p.records for p in results)
+                    report(progress(f"job {number}: reading"))
                     lander.put(results)
             launch()
             lander.slot_idle(jobs.free_slots() > 0)
