@@ -180,15 +180,15 @@ def _import(cache, stream, fmt, files, other, options, progress, spark_master,
     if progress:
         progress(f"reading {len(plan.todo)} file(s) with Spark")
     from spark_backend.cache.ingest import ingest_stream
+    from spark_backend.spark.datasource import change_files_frame
     from spark_backend.spark.local_files import ship
-    from spark_backend.spark.session import arrow_batches, data_sources, spark_session
+    from spark_backend.spark.session import arrow_batches, spark_session
 
-    spark = data_sources(spark_session(spark_master, spark_remote))
+    spark = spark_session(spark_master, spark_remote)
     shipped = _spark_step(lambda: ship(spark, plan.hashes), "could not send the files to "
                           "the executors")
-    df = (spark.read.format("change_files")
-          .options(format=fmt, paths=json.dumps(plan.todo), shipped=json.dumps(shipped),
-                   **(options or {})).load())
+    df = change_files_frame(spark, dict(options or {}, format=fmt, paths=json.dumps(plan.todo),
+                                        shipped=json.dumps(shipped)))
     tally = _Tally()
     pull_id = cache.begin_pull(stream, f"import:{fmt}", None, None, None)
 

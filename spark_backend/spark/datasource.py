@@ -5,7 +5,8 @@
 - ``ChangeFilesDataSource`` (``change_files``): one input partition per file of a supported
   format; each yields the format's rows (bad input as ``kind='bad'`` rows).
 - ``change_stream_frame``: the first source's rows through ``mapInArrow``, packed (what a pull
-  runs; ``packing`` holds the packed rows' format).
+  runs; ``packing`` holds the packed rows' format); ``change_files_frame``: the second's, as
+  they are (what an import runs).
 
 Reader state must pickle: only option strings and plain values; clients are opened and heavy
 libraries imported inside ``read()``.
@@ -262,6 +263,23 @@ class ChangeFilesDataSourceReader(DataSourceReader):
                 rows = _renamed(rows, local, partition.path)
             for batch in batched(rows, BATCH_ROWS):
                 yield to_arrow_batch(batch)
+
+
+def change_files_frame(spark, options: dict):
+    """The rows the ``change_files`` source gives for ``options``, read by ``mapInArrow`` over
+    one row per file instead: the same reader, tasks and rows, without Spark's Python
+    data-source planning (``change_stream_frame`` says what that costs). A first import in a
+    new local session took 16.8 s for eight small files through the source, 1.3 s the second
+    time; the options are checked here, on the driver, as the source checks them."""
+    reader = ChangeFilesDataSourceReader(options)
+    parts = reader.partitions()
+
+    def read(batches):
+        for batch in batches:
+            for index in batch.column(0).to_pylist():
+                yield from reader.read(parts[index])
+
+    return spark.range(0, len(parts), 1, len(parts)).mapInArrow(read, SPARK_DDL)
 
 
 def _renamed(rows, local: str, path: str):
