@@ -91,6 +91,20 @@ def test_stream_names_and_files_are_checked(tmp_path):
         c.resolve_stream(None)
 
 
+@pytest.mark.parametrize("read_only", [False, True])
+def test_a_cache_draws_no_progress_bar_and_its_settings_stay_locked(tmp_path, read_only):
+    """DuckDB draws a progress bar on stdout for a query past 2 s (it came before a query's
+    printed result); off on every connection and cursor, and the configuration locked after."""
+    path = tmp_path / "c.duckdb"
+    Cache(path).close()
+    with Cache(path, read_only=read_only) as cache:
+        for con in (cache.con, cache.cursor()):
+            assert con.execute("SELECT current_setting('enable_progress_bar'), "
+                               "current_setting('lock_configuration')").fetchone() == (False, True)
+            with pytest.raises(duckdb.InvalidInputException, match="locked"):
+                con.execute("SET enable_progress_bar = true")
+
+
 def test_memory_setting_is_validated(tmp_path, monkeypatch):
     monkeypatch.setenv("CSI_DUCKDB_MEMORY", "lots")
     with pytest.raises(CacheError, match="is not a size"):

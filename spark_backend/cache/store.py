@@ -133,8 +133,9 @@ def _connect(path: Path, read_only: bool, memory_limit: str, threads: int | None
         config["temp_directory"] = os.path.join(
             tempfile.gettempdir(), f"csi-duckdb-{os.getpid()}-{abs(hash(str(path)))}")
     config.update(allocator or {})
+    config["lock_configuration"] = False  # locked below, once the connection's own are set
     try:
-        return duckdb.connect(str(path), read_only=read_only, config=config)
+        con = duckdb.connect(str(path), read_only=read_only, config=config)
     except duckdb.ConnectionException as e:
         raise CacheError(
             f"Cannot open the cache {path} again with other settings in this process "
@@ -159,6 +160,12 @@ def _connect(path: Path, read_only: bool, memory_limit: str, threads: int | None
                 "place (report, export and history also read a read-only one)."
             ) from e
         raise CacheError(f"Cannot open the cache {path}: {first}") from e
+    # DuckDB draws a progress bar on stdout for a query past 2 s, terminal or not (seen before
+    # a query's printed result in tests/test_cli.py); its settings are the connection's own
+    # (cursors inherit them), so they are set before the lock.
+    con.execute("SET enable_progress_bar = false")
+    con.execute("SET lock_configuration = true")
+    return con
 
 
 def _check_ours(con: duckdb.DuckDBPyConnection, path: Path) -> None:
