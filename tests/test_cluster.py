@@ -1,10 +1,14 @@
 """The pull on a Spark standalone cluster whose executors share nothing with the driver.
 
-A master and two workers are started from the installed pyspark; each worker runs under
-``unshare -m`` with a private tmpfs over /tmp and over the cache's folder, so a job that
-touched a driver path would fail. The demo world pulled through it must equal the ground truth,
-and nothing of Spark's reaches the terminal. Needs root (private mounts): on CI (CI=true) a
-missing capability fails the run, elsewhere the tests skip with the reason.
+A master and two workers are started from the installed pyspark (``far_cluster``, one for the
+module); the workers live in a network namespace of their own, joined to this one by a veth
+pair (another machine as far as the network goes: the driver's 127.0.0.1 is not theirs), and
+each runs under ``unshare -m`` with a private tmpfs over /tmp and over the cache's folder, so a
+job that touched a driver path would fail. The demo world pulled through it must equal the
+ground truth, and nothing of Spark's reaches the terminal. Needs root (private mounts, network
+namespaces): on CI (CI=true) a missing capability fails the run, elsewhere the tests skip with
+the reason. A few tests start a cluster of their own (a worker without the project, a master
+without workers).
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -58,7 +63,8 @@ _PROBE = """
 import json, sys
 from pyspark.sql import SparkSession
 spark = (SparkSession.builder.master(sys.argv[1]).config("spark.ui.enabled", "false")
-         .config("spark.driver.host", "127.0.0.1").getOrCreate())
+         .config("spark.driver.host", sys.argv[4]).config("spark.driver.bindAddress", sys.argv[4])
+         .getOrCreate())
 spark.sparkContext.setLogLevel("ERROR")
 cached, marker = sys.argv[2], sys.argv[3]
 def look(_):
@@ -68,47 +74,7 @@ print(json.dumps(spark.sparkContext.parallelize(range(8), 8).mapPartitions(look)
 """
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    """One standalone cluster for the module: two workers that see neither the driver's /tmp
-    nor its cache folder (``cluster.hidden``)."""
-    _require_private_mounts()
-    base = tmp_path_factory.mktemp("cluster")
-    hidden = base / "cache"
-    hidden.mkdir()
-    with standalone_cluster(base / "logs", workers=2, hidden=[hidden],
-                            project_root=ROOT) as running:
-        running.hidden = hidden
-        yield running
-
-
-def test_pull_on_a_standalone_cluster_equals_the_ground_truth(cluster, tmp_path):
-    cache_dir = cluster.hidden / "pull"
-    cache_dir.mkdir()
-    (cache_dir / "driver-only.txt").write_text("the executors must not see this")
-    (tmp_path / "marker.txt").write_text("nor this, in the driver's /tmp")
-    # The isolation is real: the executors see neither the cache folder nor the driver's
-    # /tmp, and they run on both workers.
-    probe = subprocess.run(
-        [sys.executable, "-c", _PROBE, cluster.master_url, str(cache_dir / "driver-only.txt"),
-         str(tmp_path / "marker.txt")],
-        cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert probe.returncode == 0, probe.stderr[-2000:]
-    seen = json.loads(probe.stdout.strip().splitlines()[-1])
-    assert len(seen) == 8 and not any(a or b for a, b in seen)
-    out = cli("pull", "--source", "demo", "--spark-master", cluster.master_url,
-              "--cache", str(cache_dir / "demo.duckdb"))
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert "pulled 28,000 records from 41 partitions" in out.stdout
-    assert_no_spark_output(out)
-    with Cache(cache_dir / "demo.duckdb") as cache:
-        assert_equals_world(cache, "DemoStream", build_world())
-    launched = [log for log in cluster.log_dir.glob("worker-*.log")
-                if "Asked to launch executor" in log.read_text(errors="replace")]
-    assert len(launched) == 2, "both workers ran executors"
-
-
-_ENV_PROBE = """
+_EXECUTOR_PROBE = """
 import json, os, sys
 from spark_backend.model.config import ALLOCATOR_ENV
 from spark_backend.spark.session import spark_session
@@ -116,30 +82,6 @@ spark = spark_session(sys.argv[1])
 names = list(ALLOCATOR_ENV)  # the task must not import the package (it sets them)
 def look(_):
     import os, sys
-    yield {name: os.environ.get(name) for name in names}, "spark_backend" in sys.modules
-print(json.dumps(spark.sparkContext.parallelize(range(4), 4).mapPartitions(look).collect()))
-"""
-
-
-def test_a_clusters_executors_get_the_allocator_setting_from_the_session(cluster):
-    """The cluster's workers were started without it (``standalone_cluster``): the executors
-    of the tool's session get Arrow's allocator setting from the session's configuration."""
-    from spark_backend.model.config import ALLOCATOR_ENV
-
-    env = {k: v for k, v in os.environ.items() if k not in ALLOCATOR_ENV}
-    out = subprocess.run([sys.executable, "-c", _ENV_PROBE, cluster.master_url], cwd=ROOT,
-                         env=env, capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-2000:]
-    seen = json.loads(out.stdout.strip().splitlines()[-1])
-    assert seen == [[ALLOCATOR_ENV, False]] * 4
-
-
-_CONF_PROBE = """
-import json, os, sys
-from spark_backend.spark.session import spark_session
-spark = spark_session(sys.argv[1])
-def look(_):
-    import os
     pid, heap = os.getpid(), None
     while pid > 1 and heap is None:  # up to the executor's JVM: its heap as launched
         with open(f"/proc/{pid}/cmdline", "rb") as f:
@@ -148,24 +90,48 @@ def look(_):
             heap = [w for w in words if w.startswith("-Xmx")]
         with open(f"/proc/{pid}/stat") as f:
             pid = int(f.read().rsplit(")", 1)[1].split()[1])
-    yield os.environ.get("CSI_PROBE"), heap
+    yield ({name: os.environ.get(name) for name in names}, "spark_backend" in sys.modules,
+           os.environ.get("CSI_PROBE"), heap)
 print(json.dumps([spark.sparkContext.getConf().get("spark.executor.memory"),
                   spark.sparkContext.parallelize(range(4), 4).mapPartitions(look).collect()]))
 """
 
 
-def test_the_users_spark_settings_reach_a_clusters_executors(cluster):
-    """$CSI_SPARK_CONF is applied last: it wins over the tool's own settings (executors of 1g)
-    and reaches the cluster's executors (their JVM's heap, their environment)."""
-    env = dict(os.environ, PYTHONPATH=str(ROOT),
-               CSI_SPARK_CONF="spark.executor.memory=700m; spark.executorEnv.CSI_PROBE=seen")
-    env.pop("SPARK_REMOTE", None)
-    out = subprocess.run([sys.executable, "-c", _CONF_PROBE, cluster.master_url], cwd=ROOT,
-                         env=env, capture_output=True, text=True, timeout=300)
+def test_a_clusters_executors_get_the_sessions_settings_and_the_users(far_cluster):
+    """The cluster's workers were started without Arrow's allocator setting
+    (``standalone_cluster``): the executors of the tool's session get it from the session's
+    configuration. $CSI_SPARK_CONF is applied last: it wins over the tool's own settings
+    (executors of 1g) and reaches the executors (their JVM's heap, their environment)."""
+    from spark_backend.model.config import ALLOCATOR_ENV
+
+    env = {k: v for k, v in far_cluster.env.items() if k not in ALLOCATOR_ENV}
+    env["CSI_SPARK_CONF"] = "spark.executor.memory=700m; spark.executorEnv.CSI_PROBE=seen"
+    out = subprocess.run([sys.executable, "-c", _EXECUTOR_PROBE, far_cluster.master_url],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     memory, tasks = json.loads(out.stdout.strip().splitlines()[-1])
     assert memory == "700m"
-    assert len(tasks) == 4 and all(t == ["seen", ["-Xmx700M"]] for t in tasks), tasks
+    assert tasks == [[ALLOCATOR_ENV, False, "seen", ["-Xmx700M"]]] * 4, tasks
+
+
+def _project_folders() -> list[Path]:
+    """The checkout, and the folder this environment's Python imports ``spark_backend`` from
+    outside it (an editable install of another checkout): both hidden from a worker that must
+    not have the project. Skips when the project is installed into the environment itself."""
+    found = subprocess.run(
+        [sys.executable, "-c", "import os, spark_backend; "
+         "print(os.path.dirname(os.path.dirname(os.path.abspath(spark_backend.__file__))))"],
+        cwd="/", env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
+        capture_output=True, text=True)
+    folders = [ROOT.resolve()]
+    if found.returncode == 0:
+        where = Path(found.stdout.strip()).resolve()
+        if where == Path(sys.prefix).resolve() or Path(sys.prefix).resolve() in where.parents:
+            pytest.skip(f"the project is installed into this Python's environment ({where}): "
+                        "a worker cannot have the requirements without it")
+        if where not in folders:
+            folders.append(where)
+    return folders
 
 
 def test_a_project_shipped_to_nodes_without_it_with_spark_submit_pyfiles(tmp_path):
@@ -184,7 +150,7 @@ def test_a_project_shipped_to_nodes_without_it_with_spark_submit_pyfiles(tmp_pat
     hidden = tmp_path / "cache"
     hidden.mkdir()
     with standalone_cluster(tmp_path / "logs", workers=1, cores=2,
-                            hidden=[hidden, ROOT.resolve()]) as running:
+                            hidden=[hidden, *_project_folders()]) as running:
         env = {"PYTHONPATH": ""}
         out = cli("pull", "--source", "demo", "--spark-master", running.master_url,
                   "--cache", str(hidden / "without.duckdb"), env=env)
@@ -201,24 +167,25 @@ def test_a_project_shipped_to_nodes_without_it_with_spark_submit_pyfiles(tmp_pat
             assert_equals_world(cache, "DemoStream", build_world())
 
 
-def test_import_on_a_standalone_cluster_equals_a_local_import(cluster):
+def test_import_on_a_standalone_cluster_equals_a_local_import(far_cluster, spark):
     """Sample files of every format, in a folder the executors cannot see, imported through
-    the cluster: the cache holds exactly what a local import of the same files holds."""
-    from tests.support.imports import IMPORTS, cache_contents, copy_samples
+    the cluster with the CLI: it prints and the cache holds exactly what a local import of the
+    same files (in this process, on the suite's local session) prints and holds."""
+    from tests.support.imports import IMPORTS, cache_contents, copy_samples, local_import
 
-    where = cluster.hidden / "import"
+    where = far_cluster.hidden / "import"
     samples = copy_samples(where / "samples")
-    outputs = {}
-    for label, extra in (("cluster", ["--spark-master", cluster.master_url]),
-                         ("local", ["--spark-master", "local[2]"])):
-        for fmt, folder in IMPORTS:
-            out = cli("import", "--cache", str(where / f"{label}.duckdb"), "--format", fmt,
-                      "--stream", fmt, str(samples / folder), *extra)
-            assert out.returncode == 0, (label, fmt, out.stderr[-3000:])
-            assert_no_spark_output(out)
-            outputs[label, fmt] = out.stdout
-    for fmt, _ in IMPORTS:
-        assert outputs["cluster", fmt] == outputs["local", fmt]
+    local = local_import(samples, where / "local.duckdb")
+    for fmt, folder in IMPORTS:
+        out = subprocess.run(
+            [sys.executable, "-m", "spark_backend", "import", "--cache",
+             str(where / "cluster.duckdb"), "--format", fmt, "--stream", fmt,
+             str(samples / folder), "--spark-master", far_cluster.master_url],
+            cwd=ROOT, env=far_cluster.env, capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, (fmt, out.stderr[-3000:])
+        assert_no_spark_output(out)
+        # its progress lines, then what it imported: as the local import says it
+        assert out.stdout[out.stdout.index(f"{fmt}: imported"):] == local[fmt]
     cluster_rows = cache_contents(where / "cluster.duckdb")
     assert cluster_rows == cache_contents(where / "local.duckdb")
     assert sum(len(rows) for rows in cluster_rows.values()) > 100
@@ -265,6 +232,21 @@ def test_a_master_without_workers_is_one_sentence(tmp_path):
     with standalone_cluster(tmp_path / "logs", workers=0, isolated=False) as running:
         out = cli("pull", "--source", "demo", "--spark-master", running.master_url, "--cache",
                   str(tmp_path / "c.duckdb"), env={"CSI_SPARK_EXECUTOR_WAIT_S": "5"})
+        # The master's web UI port for its RPC port: Spark retried for a minute, then said
+        # "(An error occurred while calling None.org.apache.spark.sql.classic.SparkSession.)"
+        host, ui = running.web_ui
+        web = cli("pull", "--source", "demo", "--spark-master", f"spark://{host}:{ui}",
+                  "--cache", str(tmp_path / "c.duckdb"))
+        master_log = (running.log_dir / "master.log").read_text(errors="replace")
+    said = web.stderr.strip().splitlines()
+    assert web.returncode == 1 and len(said) == 1, web.stderr[-2000:]
+    assert said[0].startswith(
+        f"error: A web server (HTTP/1.1 400 Bad Request) answers at {host}:{ui}, not a Spark "
+        "master (a standalone master's web UI"), said
+    # the probe of the master's own port (the pull above) leaves no complaint in its log (a
+    # frame it could not read is a WARN with the exception, "Too large frame" for HTTP's bytes)
+    assert not [line for line in master_log.splitlines()
+                if "Exception" in line or "ERROR" in line or "frame" in line], master_log[-3000:]
     assert out.returncode == 1, out.stderr[-2000:]
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(
@@ -293,6 +275,8 @@ def test_a_master_nobody_answers_is_one_sentence(tmp_path):
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and url in lines[0], lines
     assert_no_spark_output(out)
+    # the cache file this pull created is gone again: it held nothing ("holds no stream yet")
+    assert not list(tmp_path.iterdir())
 
 
 def test_spark_start_failure_names_its_log_file(tmp_path):
@@ -377,7 +361,22 @@ def test_a_pull_on_workers_of_another_network_equals_the_ground_truth(far_cluste
     finally:
         if saved is not None:
             os.environ["SPARK_LOCAL_IP"] = saved
-    cache = far_cluster.hidden / "demo.duckdb"
+    cache_dir = far_cluster.hidden / "pull"
+    cache_dir.mkdir()
+    (cache_dir / "driver-only.txt").write_text("the executors must not see this")
+    with tempfile.NamedTemporaryFile("w", suffix=".txt") as marker:
+        marker.write("nor this, in the driver's /tmp")
+        marker.flush()
+        # The isolation is real: the executors see neither the cache folder nor the driver's
+        # /tmp, and they run on both workers.
+        probe = subprocess.run(
+            [sys.executable, "-c", _PROBE, far_cluster.master_url,
+             str(cache_dir / "driver-only.txt"), marker.name, far_cluster.near],
+            cwd=ROOT, env=far_cluster.env, capture_output=True, text=True, timeout=300)
+    assert probe.returncode == 0, probe.stderr[-2000:]
+    seen = json.loads(probe.stdout.strip().splitlines()[-1])
+    assert len(seen) == 8 and not any(a or b for a, b in seen)
+    cache = cache_dir / "demo.duckdb"
     since = _worker_logs(far_cluster)
     out = subprocess.run(
         [sys.executable, "-m", "spark_backend", "pull", "--source", "demo",

@@ -47,19 +47,21 @@ def test_pull_through_spark_connect_equals_the_ground_truth(server, tmp_path):
     assert_no_spark_output(probe)
 
 
-def test_import_through_spark_connect_equals_a_local_import(server, tmp_path):
+def test_import_through_spark_connect_equals_a_local_import(server, spark, tmp_path):
     """The files are uploaded to the server (addArtifacts) and read by its executors from
-    there; the cache holds exactly what a local import of the same files holds."""
-    from tests.support.imports import IMPORTS, cache_contents, copy_samples
+    there; the CLI prints and the cache holds exactly what a local import of the same files
+    (in this process, on the suite's local session) prints and holds."""
+    from tests.support.imports import IMPORTS, cache_contents, copy_samples, local_import
 
     samples = copy_samples(tmp_path / "samples")
-    for label, extra in (("connect", ["--spark-remote", server]),
-                         ("local", ["--spark-master", "local[2]"])):
-        for fmt, folder in IMPORTS:
-            out = cli("import", "--cache", str(tmp_path / f"{label}.duckdb"), "--format", fmt,
-                      "--stream", fmt, str(samples / folder), *extra)
-            assert out.returncode == 0, (label, fmt, out.stderr[-3000:])
-            assert_no_spark_output(out)
+    local = local_import(samples, tmp_path / "local.duckdb")
+    for fmt, folder in IMPORTS:
+        out = cli("import", "--cache", str(tmp_path / "connect.duckdb"), "--format", fmt,
+                  "--stream", fmt, str(samples / folder), "--spark-remote", server)
+        assert out.returncode == 0, (fmt, out.stderr[-3000:])
+        assert_no_spark_output(out)
+        # its progress lines, then what it imported: as the local import says it
+        assert out.stdout[out.stdout.index(f"{fmt}: imported"):] == local[fmt]
     remote = cache_contents(tmp_path / "connect.duckdb")
     assert remote == cache_contents(tmp_path / "local.duckdb")
     assert sum(len(rows) for rows in remote.values()) > 100
@@ -75,6 +77,34 @@ def test_no_connect_server_is_one_sentence(tmp_path):
     out = cli("pull", "--source", "demo", "--spark-remote", "http://nope",
               "--cache", str(tmp_path / "c.duckdb"), timeout=120)
     assert out.returncode == 2 and "sc://HOST[:PORT]" in out.stderr, out.stderr
+
+
+def test_a_connect_url_that_leads_to_no_connect_server_is_one_sentence(server, tmp_path):
+    """A web server's port, and the real server asked through TLS (``;token=`` makes the
+    Connect client use TLS to any host but localhost): the client retried for minutes without
+    a word (gRPC's handshake errors on the terminal); now one sentence each, before a session."""
+    import http.server
+    import threading
+
+    web = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.SimpleHTTPRequestHandler)
+    threading.Thread(target=web.serve_forever, daemon=True).start()
+    try:
+        url = f"sc://127.0.0.1:{web.server_address[1]}"
+        out = cli("pull", "--source", "demo", "--spark-remote", url,
+                  "--cache", str(tmp_path / "c.duckdb"), timeout=120)
+    finally:
+        web.shutdown()
+    assert out.returncode == 1 and out.stderr.strip().splitlines() == [
+        f"error: Spark Connect at {url} cannot be used: a web server answers at "
+        f"127.0.0.1:{web.server_address[1]}, not a Spark Connect (gRPC) server."], out.stderr
+    secret = "s3cret-token"
+    out = cli("pull", "--source", "demo", "--spark-remote", f"{server}/;token={secret}",
+              "--cache", str(tmp_path / "c.duckdb"), timeout=120)
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 1 and len(lines) == 1, out.stderr[-2000:]
+    assert "does not speak TLS" in lines[0] and ";token= to any host but localhost" in lines[0]
+    assert secret not in out.stderr + out.stdout and ";token=(hidden)" in lines[0], lines
+    assert_no_spark_output(out)
 
 
 def test_an_explicit_master_wins_over_an_exported_spark_remote(tmp_path):

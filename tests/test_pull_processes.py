@@ -2,8 +2,8 @@
 
 A read through a Python data source makes Spark keep three more Python processes and a daemon
 each (looking up, creating and planning the source: ~240 MB after warm-up); the pull reads
-through ``mapInArrow`` instead. Run in a process of its own: other tests of this session import
-files through the ``change_files`` source, which does start them.
+through ``mapInArrow`` instead (and so does an import). Run in a process of its own: what a
+test of this session read through a data source would have started them.
 """
 
 from __future__ import annotations

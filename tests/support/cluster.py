@@ -149,6 +149,7 @@ class Cluster:
     master_url: str
     log_dir: Path
     procs: list[subprocess.Popen] = field(default_factory=list)
+    web_ui: tuple[str, int] = ("", 0)  # the master's web UI: (host, port)
 
 
 @contextmanager
@@ -199,7 +200,7 @@ def standalone_cluster(log_dir: Path, *, workers: int = 2, cores: int = 1,
         for wport, proc, log in worker_ports:
             _wait_port(wport, proc, log, host=worker_host)
         _wait_registered(log_dir / "master.log", workers)
-        yield Cluster(url, log_dir, procs)
+        yield Cluster(url, log_dir, procs, (host, ui))
     finally:
         _stop(procs)
 

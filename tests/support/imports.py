@@ -29,6 +29,22 @@ def copy_samples(into: Path) -> Path:
     return into
 
 
+def local_import(samples: Path, into: Path) -> dict[str, str]:
+    """The samples under ``samples`` (``copy_samples``) imported into the cache ``into`` in this
+    process, through its own local Spark session (the suite's ``spark`` fixture), as the CLI's
+    ``import`` does: what the CLI would print, per format."""
+    from spark_backend.cache.store import Cache
+    from spark_backend.cli import import_summary
+    from spark_backend.jobs.files import import_files
+
+    printed = {}
+    with Cache(into) as cache:
+        for fmt, folder in IMPORTS:
+            result = import_files(cache, fmt, fmt, [str(samples / folder)], {})
+            printed[fmt] = import_summary(result) + "\n"
+    return printed
+
+
 def cache_contents(path: Path) -> dict[str, list[tuple]]:
     """Every table of a cache but its bookkeeping of runs, rows sorted, volatile columns out."""
     con = duckdb.connect(str(path), read_only=True)
