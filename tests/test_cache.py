@@ -103,6 +103,10 @@ def test_a_cache_draws_no_progress_bar_and_its_settings_stay_locked(tmp_path, re
                                "current_setting('lock_configuration')").fetchone() == (False, True)
             with pytest.raises(duckdb.InvalidInputException, match="locked"):
                 con.execute("SET enable_progress_bar = true")
+        # a second connection of this process finds the database locked already: it opens
+        with Cache(path, read_only=read_only) as again:
+            assert again.con.execute(
+                "SELECT current_setting('lock_configuration')").fetchone() == (True,)
 
 
 def test_memory_setting_is_validated(tmp_path, monkeypatch):

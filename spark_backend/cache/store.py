@@ -162,9 +162,11 @@ def _connect(path: Path, read_only: bool, memory_limit: str, threads: int | None
         raise CacheError(f"Cannot open the cache {path}: {first}") from e
     # DuckDB draws a progress bar on stdout for a query past 2 s, terminal or not (seen before
     # a query's printed result in tests/test_cli.py); its settings are the connection's own
-    # (cursors inherit them), so they are set before the lock.
-    con.execute("SET enable_progress_bar = false")
-    con.execute("SET lock_configuration = true")
+    # (cursors inherit them), so they are set before the lock. The lock is the database's: a
+    # second connection of this process to an open cache finds it set (and keeps DuckDB's bar).
+    for statement in ("SET enable_progress_bar = false", "SET lock_configuration = true"):
+        with contextlib.suppress(duckdb.InvalidInputException):  # locked already
+            con.execute(statement)
     return con
 
 

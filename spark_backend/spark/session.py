@@ -517,12 +517,12 @@ def _classic_session(master: str, label: str = "--spark-master"):
         except Exception:
             if not archived:
                 raise
-            # A JVM that dies at its start with the archive (the archive is damaged): without
-            # it, this time and from now on.
-            class_archive.discard(archive)
-            archived = ""
+            # A JVM that dies at its start with the archive: again without it; when that one
+            # starts, the archive was the cause (damaged) and goes.
             conf.set("spark.driver.extraJavaOptions", f"{java_options} {_crash_file()}".strip())
             gateway = launch_gateway(conf, popen_kwargs={"stdout": log, "stderr": log})
+            class_archive.discard(archive)
+            archived = ""
         jvm_launched.set()
         sc = SparkContext(gateway=gateway, conf=conf)
         sc.setLogLevel("WARN")
