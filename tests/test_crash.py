@@ -76,12 +76,14 @@ def _kill_when(proc: subprocess.Popen, cache: Path, moment: str) -> None:
         if proc.poll() is not None:
             pytest.fail(f"the pull ended before the moment {moment!r}: {seen[-500:]} "
                         f"{proc.stderr.read()[-500:]}")
+        # A landing's own progress line ends "- landed" (a line of reading may say how many
+        # of the records read landed: "(N landed)").
         hit = {
             "spark-start": _has_jvm(proc.pid) and "wave" not in seen,
-            "mid-wave": "reading" in seen and "landed" not in seen,
+            "mid-wave": "reading" in seen and "- landed" not in seen,
             # The first task's results landed while the other tasks' results stream in and
             # land, each in its own transaction: the kill falls among the landings.
-            "mid-ingest": "landed" in seen,
+            "mid-ingest": "- landed" in seen,
         }[moment]
         if hit:
             break
