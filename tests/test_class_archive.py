@@ -41,9 +41,14 @@ def test_the_first_session_builds_the_archive_and_the_next_maps_it(tmp_path):
     first = _session(home, tmp_path / "first.log")
     assert first == {"archive": [], "count": 4}
     deadline = time.monotonic() + 300
+    priorities = set()
     while not list(jvm.glob("classes-*.jsa")) and time.monotonic() < deadline:
         assert not list(jvm.glob("*.failed")), (jvm / "builder.log").read_text()[-3000:]
+        priorities |= _builders_priorities(home)
         time.sleep(1)
+    # the builder and its JVM run on CPU nobody else wants, their autogroup too (a builder at
+    # nice 0 beside a user's pull took half the machine's CPU from it)
+    assert priorities == {(19, "nice 19" if _autogroups() else None)}, priorities
     (archive,) = jvm.glob("classes-*.jsa")
     assert not list(jvm.glob("*.building")) and not list(jvm.glob(".classes-*"))
 
@@ -60,6 +65,39 @@ def test_the_first_session_builds_the_archive_and_the_next_maps_it(tmp_path):
     assert not archive.exists() and archive.with_suffix(".failed").exists()
     # the crashed JVM's report is beside Spark's log, not in the folder the command ran in
     assert list(tmp_path.glob("hs_err_pid*.log")) and not list(ROOT.glob("hs_err_pid*.log"))
+
+
+def _autogroups() -> bool:
+    try:
+        return Path("/proc/sys/kernel/sched_autogroup_enabled").read_text().strip() == "1"
+    except OSError:
+        return False
+
+
+def _builders_priorities(home: Path) -> set:
+    """(nice, autogroup's nice) of what the builder of ``home``'s archive started: its JVM and
+    the JVM's Python workers (the builder itself lowers its priority first thing)."""
+    found = set()
+    for proc in Path("/proc").iterdir():
+        try:
+            command = (proc / "cmdline").read_bytes()
+            if b"spark_backend.spark.class_archive" not in command or (
+                    str(home).encode() not in command):
+                continue
+            pids = [task_child for task in (proc / "task").iterdir()
+                    for task_child in (task / "children").read_text().split()]
+            while pids:
+                place = Path("/proc") / pids.pop()
+                if b"spark_backend.spark.class_archive" in (place / "cmdline").read_bytes():
+                    continue  # the builder, seen through the process that detached it
+                nice = int((place / "stat").read_text().rsplit(")", 1)[1].split()[16])
+                group = (place / "autogroup").read_text().split()
+                found.add((nice, " ".join(group[-2:]) if _autogroups() else None))
+                pids += [child for task in (place / "task").iterdir()
+                         for child in (task / "children").read_text().split()]
+        except (OSError, ValueError, IndexError):
+            continue
+    return found
 
 
 def test_no_archive_where_it_is_turned_off_or_the_users_options_replace_the_jvms(monkeypatch):
