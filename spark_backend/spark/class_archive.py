@@ -164,8 +164,8 @@ def _yield_the_cpu() -> None:
     """The builder (and the JVM and Python workers it starts, which inherit this) runs only on
     CPU nobody else wants: nice 19, and so is its autogroup. The builder leads a session of its
     own, and where the kernel groups each session's processes (``sched_autogroup_enabled``,
-    most desktops and this project's machines) CPU is first shared between the groups by the
-    group's nice: the process's own nice alone left it an equal share beside the user's pull.
+    on here) CPU is first shared between the groups by the group's nice: the process's own
+    nice alone left it an equal share beside the user's pull.
     A first ``pull --source demo`` in a new HOME (the builder at work beside it): 41.1, 37.5 s
     at nice 10 alone, 34.3, 32.1 s now (alternating, stop 60)."""
     with contextlib.suppress(OSError):
