@@ -42,7 +42,12 @@ def _silent_until_eof(conn: socket.socket) -> None:
 
 
 def _banner(conn: socket.socket) -> None:
+    """As an SSH server does: its banner first, then it reads the client's words (closing at
+    once, with the probe's bytes unread, would reset the connection and could drop the banner
+    before the probe reads it: a race no real server makes)."""
     conn.sendall(b"SSH-2.0-OpenSSH_9.2\r\n")
+    while conn.recv(1024):
+        pass
 
 
 def _h2_settings(conn: socket.socket) -> None:
