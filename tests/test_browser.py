@@ -194,11 +194,16 @@ def server(cache_path, tmp_path_factory):
     # Arrow's allocator prints the options it read (MIMALLOC_VERBOSE); the dashboard must set
     # its own, as when started from a shell that has none.
     env = {k: v for k, v in os.environ.items() if not k.startswith("MIMALLOC_")}
+    # SIGUSR1 writes every thread's stack to the log (``_server_stacks``: what a page waited on).
+    launch = ("import faulthandler, signal, sys; faulthandler.register(signal.SIGUSR1, "
+              "all_threads=True); from streamlit.web.cli import main; sys.argv[0] = 'streamlit'; "
+              "sys.exit(main())")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "streamlit", "run", "app/main.py", "--server.port", str(port),
+        [sys.executable, "-c", launch, "run", "app/main.py", "--server.port", str(port),
          "--server.address", "127.0.0.1", "--server.headless", "true"],
         cwd=ROOT, env={**env, "CSI_CACHE": cache_path, "MIMALLOC_VERBOSE": "1"}, stdout=log,
         stderr=subprocess.STDOUT)
+    _SERVER_LOG["pid"] = proc.pid
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
@@ -214,6 +219,19 @@ def server(cache_path, tmp_path_factory):
     proc.terminate()
     proc.wait(timeout=30)
     log.close()
+
+
+def _server_stacks() -> str:
+    """The dashboard server's threads as they are now (from its log), to say what a page that
+    never came waited on."""
+    import signal
+
+    before = _SERVER_LOG["path"].stat().st_size
+    os.kill(_SERVER_LOG["pid"], signal.SIGUSR1)
+    time.sleep(2)
+    with open(_SERVER_LOG["path"], errors="replace") as f:
+        f.seek(before)
+        return f.read()[-12_000:]
 
 
 @pytest.fixture(scope="module")
@@ -538,10 +556,15 @@ def test_live_demo_advances(page, server):
         ".some(p => p.innerText === t)", arg=first, timeout=120_000)
     assert now_line() != first
     page.screenshot(path=str(SHOTS / "live.png"), full_page=True)
+    # Stop ends it: the page says so (and the emulator's test below runs without its ticks).
+    stream = urllib.parse.parse_qs(urllib.parse.urlparse(page.url).query)["stream"][0]
     page.goto(f"{server}/sources")
     page.wait_for_selector("h1")
     _settle(page)
-    page.get_by_role("button", name="Stop LiveDemo").first.click()
+    page.get_by_role("button", name=f"Stop {stream}").first.click()
+    page.wait_for_function(
+        "s => document.querySelector('[data-testid=\"stMain\"]').innerText"
+        ".includes(s + ' is stopped: ')", arg=stream, timeout=180_000)
     _settle(page)
 
 
@@ -583,7 +606,10 @@ def test_live_emulator_starts_and_stops(page, server):
     assert "LiveEmulator_" in main.inner_text() and " is live: " in main.inner_text()
     assert len(_emulators_of(server)) == 1, "one emulator runs for the live stream"
     page.goto(f"{server}/sources")
-    page.wait_for_selector("h1")
+    try:
+        page.wait_for_selector("h1")
+    except Exception as e:  # seen once, in a run beside another test process: what it waited on
+        raise AssertionError(f"the Sources page did not come: {e}\n{_server_stacks()}") from e
     _settle(page)
     page.get_by_role("button", name="Stop LiveEmulator").first.click()
     page.wait_for_function(

@@ -1,15 +1,12 @@
-"""Fixtures for the dashboard's tests: a demo cache filled through the real pull when it exists.
+"""Fixtures for the dashboard's tests: caches to show.
 
-``demo_cache_path`` pulls the demo world with ``spark_backend.jobs.pull.run_pull`` (source
-``demo``).
-``land_world`` is the hand-made fallback (and the benchmark's fast path for big worlds): it turns
-the demo world's recording lines into record rows and lands them with ``Cache.ingest``.
+``pull_demo`` fills a cache with the demo world through the real pull
+(``spark_backend.jobs.pull.run_pull``, source ``demo``). ``land_world`` lands a world made in a
+test (or, in the benchmarks, a big one) without Spark: it turns the world's recording lines into
+record rows and lands them with ``Cache.ingest``.
 """
 
 from __future__ import annotations
-
-import warnings
-from pathlib import Path
 
 import pyarrow as pa
 
@@ -46,34 +43,16 @@ def land_world(cache: Cache, world, heartbeat_ms: int = 10_000, batch: int = 50_
             read_from=p.start, **({"end": p.end} if state == "finished" else {}),
         ))
     flush()
-    try:
-        cache.finish_pull(pull_id, "complete", waves=1)
-    except Exception:  # an older store.finish_pull; record the range by hand
-        cache.finish_pull(pull_id, "failed", waves=1)
-        cache.con.execute(
-            "UPDATE pulls SET status = 'complete', error = NULL WHERE pull_id = ?", [pull_id])
-        cache.con.execute(
-            "UPDATE streams SET range_start = make_timestamp_ns(?), "
-            "range_end = make_timestamp_ns(?) WHERE stream = ?", [world.start, world.end, stream])
+    cache.finish_pull(pull_id, "complete", waves=1)
 
 
 def pull_demo(path: str, seed: int = DEMO_SEED, scale: float = DEMO_SCALE) -> str:
-    """Fill the cache at ``path`` with the demo world through ``run_pull`` (source demo).
-
-    While the pull cannot complete (it is being written), the world is landed directly and a
-    warning names the pull's error, so the dashboard's tests still check what pages show.
-    """
+    """Fill the cache at ``path`` with the demo world through ``run_pull`` (source demo); a
+    pull that does not complete fails the test that asked for it (no cache made another way)."""
     from spark_backend.jobs.pull import PullRequest, run_pull
 
     with Cache(path) as cache:
         result = run_pull(cache, PullRequest(source="demo", demo_seed=seed, demo_scale=scale))
-    if result.status == "complete":
-        return path
-    warnings.warn(f"run_pull(source='demo') did not complete ({result.error}); "
-                  "landing the demo world directly", stacklevel=2)
-    Path(path).unlink(missing_ok=True)
-    from spark_backend.demo.world import build_world
-
-    with Cache(path) as cache:
-        land_world(cache, build_world(seed, scale))
+    assert result.status == "complete", f"run_pull(source='demo') ended {result.status}: " \
+        f"{result.error}"
     return path
