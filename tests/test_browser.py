@@ -601,7 +601,10 @@ def test_live_emulator_starts_and_stops(page, server):
     _settle(page)
     page.get_by_role("button", name="Start the live emulator").click()
     page.wait_for_url("**/?stream=LiveEmulator_*", timeout=240_000)
-    page.wait_for_selector('[data-testid="stPlotlyChart"] .main-svg')
+    try:
+        page.wait_for_selector('[data-testid="stPlotlyChart"] .main-svg')
+    except Exception as e:  # seen beside other test processes: what it waited on
+        raise AssertionError(f"the live Overview drew no chart: {e}\n{_server_stacks()}") from e
     main = page.locator('[data-testid="stMain"]')
     assert "LiveEmulator_" in main.inner_text() and " is live: " in main.inner_text()
     assert len(_emulators_of(server)) == 1, "one emulator runs for the live stream"
