@@ -69,10 +69,11 @@ from __future__ import annotations
 
 import base64
 import json
+import sys
 from collections.abc import Iterator
 from typing import Any
 
-from spark_backend.formats import open_text
+from spark_backend.formats.lines import read_part
 from spark_backend.model.records import bad_row, canonical_json, partition_end
 from spark_backend.model.timestamps import TimestampError, format_ns, parse_ns
 
@@ -137,24 +138,20 @@ def _ts(msg: Any) -> int:
 # --- the parser --------------------------------------------------------------------------------
 
 
+def splittable(head: bytes) -> bool:
+    """No: a bare response belongs to the partition named above it, and a data change may
+    continue over several lines."""
+    return False
+
+
+def not_lines(stream, head: bytes, origin: str, options: dict[str, str]):
+    if head != b"Obj\x01":
+        return None
+    return iter([bad_row(origin, 1, "", "an Avro file, not Bigtable change stream JSON")])
+
+
 def parse_file(path: str, options: dict[str, str] | None = None) -> Iterator[dict[str, Any]]:
-    options = options or {}
-    try:
-        f, head = open_text(path)
-    except OSError as e:
-        yield bad_row(path, None, "", f"cannot read the file ({e})")
-        return
-    if head == b"Obj\x01":
-        f.close()
-        yield bad_row(path, 1, "", "an Avro file, not Bigtable change stream JSON")
-        return
-    parser = _Parser(path, options)
-    with f:
-        for number, line in enumerate(f, start=1):
-            text = line.strip()
-            if text:
-                yield from parser.line(number, text)
-    yield from parser.finish()
+    return read_part(sys.modules[__name__], path, options)
 
 
 class _Pending:
@@ -169,7 +166,9 @@ class _Pending:
         self.type_name = "TYPE_UNSPECIFIED"
 
 
-class _Parser:
+class Parser:
+    """Change stream responses -> rows (``formats.lines``), one file in order."""
+
     def __init__(self, path: str, options: dict[str, str]):
         self.path = path
         self.options = options

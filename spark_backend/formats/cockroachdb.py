@@ -59,10 +59,11 @@ import hashlib
 import json
 import os
 import re
+import sys
 from collections.abc import Iterator
 from typing import Any
 
-from spark_backend.formats import open_text
+from spark_backend.formats.lines import read_part
 from spark_backend.model.records import bad_row, canonical_json
 
 FORMAT = "cockroachdb"
@@ -107,31 +108,30 @@ def topic_from_filename(path: str) -> str | None:
     return topic or None
 
 
+def splittable(head: bytes) -> bool:
+    """No: without ``diff`` the first version of a key in the file is its INSERT, so a line
+    is read knowing the lines before it."""
+    return False
+
+
+def not_lines(stream, head: bytes, origin: str, options: dict[str, str]):
+    """An Avro container is refused with why (changefeeds write Avro through a registry)."""
+    if head != b"Obj\x01":
+        return None
+    return iter([bad_row(
+        origin, 1, "",
+        "an Avro object container file, not changefeed JSON messages "
+        "(format=avro changefeeds go through a schema registry; import JSON messages)",
+    )])
+
+
 def parse_file(path: str, options: dict[str, str] | None = None) -> Iterator[dict[str, Any]]:
-    options = options or {}
-    try:
-        f, head = open_text(path)
-    except OSError as e:
-        yield bad_row(path, None, "", f"cannot read the file ({e})")
-        return
-    if head == b"Obj\x01":
-        f.close()
-        yield bad_row(
-            path, 1, "",
-            "an Avro object container file, not changefeed JSON messages "
-            "(format=avro changefeeds go through a schema registry; import JSON messages)",
-        )
-        return
-    parser = _Parser(path, options)
-    with f:
-        for number, line in enumerate(f, start=1):
-            text = line.strip()
-            if not text:
-                continue
-            yield from parser.line(number, text)
+    return read_part(sys.modules[__name__], path, options)
 
 
-class _Parser:
+class Parser:
+    """Changefeed messages -> rows (``formats.lines``), one file in order."""
+
     def __init__(self, path: str, options: dict[str, str]):
         self.path = path
         self.options = options
@@ -327,71 +327,26 @@ class _Parser:
             "line": number,
         }
 
+    def finish(self) -> Iterator[dict[str, Any]]:
+        return iter(())
+
     def change(
         self, number: int, index: int | None, *, envelope: str, key: Any, after: Any,
         before: Any, has_before: bool, meta: dict[str, Any], key_only: bool = False,
     ) -> dict[str, Any]:
-        if isinstance(key, str):
-            try:
-                key = json.loads(key)
-            except json.JSONDecodeError as e:
-                raise MessageError(f"key {key!r} is not a JSON array") from e
-        if key is not None and not isinstance(key, list):
-            raise MessageError("unknown envelope: key must be an array of primary key values")
+        key = _key_array(key)
         table = (
             meta.get("topic") or meta.get("table") or self.options.get("table")
             or self.file_topic
         )
-        updated = meta.get("updated")
-        mvcc = meta.get("mvcc_timestamp")
-        if updated is not None:
-            wall, logical = parse_hlc(updated)
-            ts_source = "updated"
-        elif mvcc is not None:
-            wall, logical = parse_hlc(mvcc)
-            ts_source = "mvcc_timestamp"
-        else:
-            wall = logical = None
-            ts_source = "none"
-
-        # keys and values
-        values_after = dict(after) if isinstance(after, dict) else None
-        values_before = dict(before) if isinstance(before, dict) else None
-        if self.key_columns is not None:
-            source_row = values_after or values_before or {}
-            if key is not None and len(key) == len(self.key_columns):
-                keys = dict(zip(self.key_columns, key, strict=True))
-            else:
-                keys = {c: source_row.get(c) for c in self.key_columns}
-            for vals in (values_after, values_before):
-                if vals is not None:
-                    for c in self.key_columns:
-                        vals.pop(c, None)
-        elif key is not None:
-            keys = {"key": key}
-        else:
-            keys = {}
+        wall, logical, ts_source = _message_time(meta)
+        keys, values_after, values_before = self.keys_and_values(key, after, before)
         key_text = canonical_json(keys)
-
-        inferred = False
-        if key_only:
-            mod_type = "UPDATE"
-        elif after is None:
-            mod_type = "DELETE"
-        elif has_before:
-            mod_type = "INSERT" if before is None else "UPDATE"
-        else:
-            inferred = True
-            mod_type = "UPDATE" if (table, key_text) in self.seen_keys else "INSERT"
+        mod_type, inferred = self.mod_type(table, key_text, after, before, has_before, key_only)
         if keys:
             self.seen_keys.add((table, key_text))
-
-        if mod_type == "DELETE":
-            mod = {"keys": keys, "new_values": {}, "old_values": values_before or {}}
-        else:
-            mod = {"keys": keys, "new_values": values_after or {},
-                   "old_values": values_before or {}}
-
+        mod = {"keys": keys, "new_values": {} if mod_type == "DELETE" else values_after or {},
+               "old_values": values_before or {}}
         if wall is not None:
             identity = hlc_order(wall, logical)
             order = f"{identity}|{key_text}"
@@ -400,17 +355,10 @@ class _Parser:
             identity = "nots:" + hashlib.sha1(body.encode()).hexdigest()
             order = f"{hlc_order(0, 0)}|L{number:012d}.{(index or 0):06d}"
         extra = {
-            "system": "cockroachdb",
-            "envelope": envelope,
-            "updated": updated,
-            "mvcc_timestamp": mvcc,
-            "timestamp": ts_source,
-            "topic": meta.get("topic") or meta.get("table"),
-            "key": key,
-            "diff": has_before,
-            "mod_type_inferred": inferred,
-            "line": number,
-            "batch_index": index,
+            "system": "cockroachdb", "envelope": envelope, "updated": meta.get("updated"),
+            "mvcc_timestamp": meta.get("mvcc_timestamp"), "timestamp": ts_source,
+            "topic": meta.get("topic") or meta.get("table"), "key": key, "diff": has_before,
+            "mod_type_inferred": inferred, "line": number, "batch_index": index,
         }
         return {
             "partition_token": self.partition,
@@ -429,6 +377,57 @@ class _Parser:
             "origin": self.path,
             "line": number,
         }
+
+    def keys_and_values(self, key: list | None, after: Any, before: Any
+                        ) -> tuple[dict[str, Any], dict | None, dict | None]:
+        """The mod's keys (named by the ``primary_key`` option, else the key array) and its
+        new and old values (the key columns left out of them when named)."""
+        values_after = dict(after) if isinstance(after, dict) else None
+        values_before = dict(before) if isinstance(before, dict) else None
+        if self.key_columns is None:
+            return ({"key": key} if key is not None else {}), values_after, values_before
+        source_row = values_after or values_before or {}
+        if key is not None and len(key) == len(self.key_columns):
+            keys = dict(zip(self.key_columns, key, strict=True))
+        else:
+            keys = {c: source_row.get(c) for c in self.key_columns}
+        for vals in (values_after, values_before):
+            if vals is not None:
+                for c in self.key_columns:
+                    vals.pop(c, None)
+        return keys, values_after, values_before
+
+    def mod_type(self, table: str | None, key_text: str, after: Any, before: Any,
+                 has_before: bool, key_only: bool) -> tuple[str, bool]:
+        """(mod type, whether it was inferred from the keys seen before in the file)."""
+        if key_only:
+            return "UPDATE", False
+        if after is None:
+            return "DELETE", False
+        if has_before:
+            return ("INSERT" if before is None else "UPDATE"), False
+        return ("UPDATE" if (table, key_text) in self.seen_keys else "INSERT"), True
+
+
+def _key_array(key: Any) -> list | None:
+    if isinstance(key, str):
+        try:
+            key = json.loads(key)
+        except json.JSONDecodeError as e:
+            raise MessageError(f"key {key!r} is not a JSON array") from e
+    if key is not None and not isinstance(key, list):
+        raise MessageError("unknown envelope: key must be an array of primary key values")
+    return key
+
+
+def _message_time(meta: dict[str, Any]) -> tuple[int | None, int | None, str]:
+    """(wall ns, logical, which field gave them): ``updated``, else ``mvcc_timestamp``, else
+    none (the message has no time)."""
+    for name in ("updated", "mvcc_timestamp"):
+        if meta.get(name) is not None:
+            wall, logical = parse_hlc(meta[name])
+            return wall, logical, name
+    return None, None, "none"
 
 
 def _decode_values(text: str) -> list[Any]:

@@ -54,12 +54,13 @@ cut short: one ``bad`` row naming the file and line (Avro: record number) with t
 
 from __future__ import annotations
 
-import gzip
 import json
 import re
+import sys
 from collections.abc import Iterator
 from typing import Any
 
+from spark_backend.formats.lines import read_part
 from spark_backend.model.records import bad_row, canonical_json
 from spark_backend.model.timestamps import TimestampError, coerce_ns, parse_ns
 
@@ -81,71 +82,68 @@ class EventError(ValueError):
 # --- reading ---------------------------------------------------------------------------------
 
 
-def _open_binary(path: str):
-    f = open(path, "rb")
-    if f.read(2) == b"\x1f\x8b":
-        f.close()
-        return gzip.open(path, "rb")
-    f.seek(0)
-    return f
+def _json_lines(head: bytes) -> bool:
+    first = head.removeprefix(b"\xef\xbb\xbf").lstrip()[:1]  # a BOM is fine
+    return first in (b"{", b"")
+
+
+def splittable(head: bytes) -> bool:
+    """JSON Lines: every event stands on its own. Avro: no."""
+    return head != AVRO_MAGIC and _json_lines(head)
+
+
+def not_lines(stream, head: bytes, origin: str, options: dict[str, str]):
+    """An Avro container's records, or why the file is neither JSON Lines nor Avro; None for
+    JSON Lines."""
+    if head == AVRO_MAGIC:
+        return _parse_avro(stream, origin, options)
+    if _json_lines(head):
+        return None
+    if origin.lower().endswith(".avro"):
+        reason = (
+            "not an Avro object container file (no 'Obj\\x01' header, so no "
+            "schema): Datastream Avro files carry their schema in the header"
+        )
+    else:
+        reason = (
+            "neither a Datastream JSON Lines file (one event object per line) "
+            "nor an Avro object container file"
+        )
+    return iter([bad_row(origin, 1, head.decode("latin-1"), reason)])
 
 
 def parse_file(path: str, options: dict[str, str] | None = None) -> Iterator[dict[str, Any]]:
-    options = options or {}
-    try:
-        f = _open_binary(path)
-        head = f.read(4)
-    except OSError as e:
-        yield bad_row(path, None, "", f"cannot read the file ({e})")
-        return
-    with f:
-        f.seek(0)
-        if head == AVRO_MAGIC:
-            yield from _parse_avro(f, path, options)
-            return
-        first = head.removeprefix(b"\xef\xbb\xbf").lstrip()[:1]  # a BOM is fine
-        if first in (b"{", b"") or (not first and not head):
-            yield from _parse_json_lines(f, path, options)
-            return
-        if path.lower().endswith(".avro"):
-            reason = (
-                "not an Avro object container file (no 'Obj\\x01' header, so no "
-                "schema): Datastream Avro files carry their schema in the header"
-            )
-        else:
-            reason = (
-                "neither a Datastream JSON Lines file (one event object per line) "
-                "nor an Avro object container file"
-            )
-        yield bad_row(path, 1, head.decode("latin-1"), reason)
+    return read_part(sys.modules[__name__], path, options)
 
 
-def _parse_json_lines(f, path: str, options: dict[str, str]) -> Iterator[dict[str, Any]]:
-    from spark_backend.formats import text_lines
+class Parser:
+    """Datastream JSON Lines events -> rows (``formats.lines``); no state between lines."""
 
-    # Strict UTF-8, BOM dropped, long lines bounded: lines that are not text are set aside
-    # (quarantined unaltered by the file reader), never decoded with replacement characters.
-    for number, line in enumerate(text_lines(f, path), start=1):
-        text = line.strip()
-        if not text:
-            continue
+    def __init__(self, origin: str, options: dict[str, str] | None = None):
+        self.origin = origin
+        self.options = options or {}
+
+    def line(self, number: int, text: str) -> Iterator[dict[str, Any]]:
         try:
             obj = json.loads(text)
         except json.JSONDecodeError as e:
             yield bad_row(
-                path, number, text,
+                self.origin, number, text,
                 f"not JSON ({e.msg}, column {e.colno}); "
                 "a truncated line or not a Datastream JSON Lines file",
             )
-            continue
+            return
         try:
-            row = event_row(obj, options)
+            row = event_row(obj, self.options)
         except EventError as e:
-            yield bad_row(path, number, text, str(e))
-            continue
-        row["origin"] = path
+            yield bad_row(self.origin, number, text, str(e))
+            return
+        row["origin"] = self.origin
         row["line"] = number
         yield row
+
+    def finish(self) -> Iterator[dict[str, Any]]:
+        return iter(())
 
 
 def _parse_avro(f, path: str, options: dict[str, str]) -> Iterator[dict[str, Any]]:

@@ -10,10 +10,11 @@ shape shows, so one file may hold either."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator
+import sys
+from collections.abc import Iterator
 from typing import Any
 
-from spark_backend.formats import open_text
+from spark_backend.formats.lines import read_part
 from spark_backend.model.records import RecordError, bad_row, from_change_record
 from spark_backend.model.stream_records import STREAM_RECORD_KEYS, from_stream_record
 from spark_backend.model.timestamps import format_ns
@@ -42,41 +43,49 @@ def to_row(obj: dict[str, Any], token: str | None) -> dict[str, Any]:
     return from_change_record(obj, token)
 
 
-def parse_lines(lines: Iterable[str], origin: str) -> Iterator[dict[str, Any]]:
-    for number, line in enumerate(lines, start=1):
-        text = line.strip()
-        if not text:
-            continue
+def splittable(head: bytes) -> bool:
+    """Every recording line stands on its own: a file may be read in byte ranges."""
+    return True
+
+
+class Parser:
+    """Recording lines -> rows (``formats.lines``); keeps no state from line to line."""
+
+    def __init__(self, origin: str, options: dict[str, str] | None = None):
+        self.origin = origin
+
+    def line(self, number: int, text: str) -> Iterator[dict[str, Any]]:
         try:
             obj = json.loads(text)
         except json.JSONDecodeError as e:
-            yield bad_row(origin, number, text, f"not JSON ({e.msg} at column {e.colno})")
-            continue
+            yield bad_row(self.origin, number, text, f"not JSON ({e.msg} at column {e.colno})")
+            return
         if not isinstance(obj, dict) or not any(k in obj for k in _RECORD_KEYS):
             yield bad_row(
-                origin, number, text,
+                self.origin, number, text,
                 "not a recording line: expected an object with partition_token and one of "
                 + ", ".join(_RECORD_KEYS),
             )
-            continue
+            return
         token = obj.get("partition_token")
         if token is not None and not isinstance(token, str):
-            yield bad_row(origin, number, text, "partition_token must be a string or null")
-            continue
+            yield bad_row(self.origin, number, text, "partition_token must be a string or null")
+            return
         try:
             row = to_row(obj, token)
         except RecordError as e:
-            yield bad_row(origin, number, text, str(e))
-            continue
-        row["origin"] = origin
+            yield bad_row(self.origin, number, text, str(e))
+            return
+        row["origin"] = self.origin
         row["line"] = number
         yield row
 
+    def finish(self) -> Iterator[dict[str, Any]]:
+        return iter(())
+
 
 def parse_file(path: str, options: dict[str, str] | None = None) -> Iterator[dict[str, Any]]:
-    f, _ = open_text(path)
-    with f:
-        yield from parse_lines(f, path)
+    return read_part(sys.modules[__name__], path, options)
 
 
 # --- export ---------------------------------------------------------------------------------
