@@ -29,18 +29,18 @@ def held_back_sentence(holder: dict[str, Any] | None) -> str:
         return "No partition is holding the stream back: every partition has finished."
     return (
         f"partition {md(holder['partition'])} has held the stream back for "
-        f"{duration(holder['held_s'])} since {clock(holder['since_ns'])}"
+        f"{duration(holder['held_s'])} since {clock(holder['since_ns'])} UTC"
     )
 
 
 def held_back_at_sentence(at_ns: int, holder: str | None, since_ns: Any) -> str:
     """Markdown, the replay's sentence: who held the low watermark at a given moment."""
     if holder is None or is_missing(since_ns):
-        return f"At {clock(at_ns)} no open partition held the stream back."
+        return f"At {clock(at_ns)} UTC no open partition held the stream back."
     held = (int(at_ns) - int(since_ns)) / 1e9
     return (
-        f"At {clock(at_ns)}, partition {md(holder)} held the low watermark: its watermark had "
-        f"stayed at {clock(since_ns)} for {duration(held)}."
+        f"At {clock(at_ns)} UTC, partition {md(holder)} held the low watermark: its watermark "
+        f"had stayed at {clock(since_ns)} for {duration(held)}."
     )
 
 
@@ -62,12 +62,49 @@ def current_sentence(now: dict[str, Any] | None, threshold_s: float) -> str:
         return "No progress marks in this range yet."
     verdict = ("a stall" if now["lag_s"] > threshold_s
                else f"normal (under the {threshold_s:g}s threshold)")
-    return (f"**Now** ({clock(now['t_ns'])}): the low watermark is {clock(now['low_ns'])}, "
-            f"{duration(now['lag_s'])} behind, held by partition "
+    return (f"**Now** ({clock(now['t_ns'])} UTC): the low watermark is "
+            f"{clock(now['low_ns'])} UTC, {duration(now['lag_s'])} behind, held by partition "
             f"{md(short(now['holder'], 20))}: {verdict}.")
+
+
+def freshness_sentence(system: Any, fresh: dict[str, Any]) -> str:
+    """Markdown, for a system without heartbeats (``systems.freshness_summary``): how fresh the
+    changes are; never stall words (a quiet table there is only quiet)."""
+    name = md(system or "this system")
+    quiet = (f"{name} sends no heartbeats, so a quiet table or key is not a stall: only how late "
+             "changes arrive can be told.")
+    if not fresh["records"]:
+        return f"No data change records cached yet. {quiet}"
+    if not fresh["timed"]:
+        return (f"**No times:** the records ({count(fresh['records'])}) carry no commit times "
+                f"(the source sent none), so neither freshness nor order in time can be told. "
+                f"{quiet}")
+    lead = f"**Freshness:** the latest change cached is from {timestamp(fresh['latest_ns'])}"
+    if fresh["worst_lag_s"] is None:
+        return f"{lead}; the source gives no read times to measure delay. {quiet}"
+    return (f"{lead}; the slowest change reached the reader {duration(fresh['worst_lag_s'])} "
+            f"after it happened (table {md(fresh['worst_table'])}, changed "
+            f"{timestamp(fresh['worst_ns'])}). {quiet}")
 
 
 def range_clip_note(start_ns: Any, end_ns: Any) -> str:
     if is_missing(start_ns) and is_missing(end_ns):
         return ""
     return f" Showing {timestamp(start_ns)} → {timestamp(end_ns)} (the sidebar's range)."
+
+
+def span_text(start_ns: Any, end_ns: Any) -> str:
+    """'2026-01-05 09:00:00 → 10:00:00 UTC' (the date once when both are on one day); times
+    the data does not carry are said so."""
+    if is_missing(start_ns) and is_missing(end_ns):
+        return "no times (the source sent none)"
+    a, b = timestamp(start_ns), timestamp(end_ns)
+    if a[:10] == b[:10] and not is_missing(start_ns) and not is_missing(end_ns):
+        return f"{a[:10]} {_time_of_day(a)} → {_time_of_day(b)} UTC"
+    return f"{a} → {b}"
+
+
+def _time_of_day(rfc3339: str) -> str:
+    """'2026-01-05T09:00:00.000000Z' -> '09:00:00'; a fraction the source gave is kept."""
+    text = rfc3339[11:].rstrip("Z")
+    return text.rstrip("0").rstrip(".") if "." in text else text

@@ -346,30 +346,42 @@ def records_count(con: duckdb.DuckDBPyConnection, stream: str, f: RecordFilter) 
                            _record_params(stream, f)).fetchone()[0])
 
 
+# Records without a time (a source that sent none) sort after every timed one.
+_UNTIMED = 2**63 - 1
+
+
 def records_page(
     con: duckdb.DuckDBPyConnection, stream: str, f: RecordFilter,
     after: tuple[int, str] | None = None, size: int = 100,
 ) -> pd.DataFrame:
-    """One page in (timestamp, record key) order, after the cursor ``after`` (keyset paging)."""
+    """One page in (timestamp, record key) order, records without a time last, after the
+    cursor ``after`` (keyset paging: a row's ``cursor_ns`` and ``record_key``)."""
     params = _record_params(stream, f)
     params.update({"after_ts": None if after is None else int(after[0]),
-                   "after_key": None if after is None else after[1], "size": int(size)})
+                   "after_key": None if after is None else after[1], "size": int(size),
+                   "untimed": _UNTIMED})
     page = con.execute(
-        f"""SELECT epoch_ns(ts) AS ts_ns, * EXCLUDE (ts) FROM ({_records_sql(f)})
-            WHERE $after_ts IS NULL OR ts > make_timestamp_ns($after_ts)
-               OR (ts = make_timestamp_ns($after_ts) AND record_key > $after_key)
-            ORDER BY ts, record_key LIMIT $size""",
+        f"""SELECT * FROM (
+              SELECT epoch_ns(ts) AS ts_ns, coalesce(epoch_ns(ts), $untimed) AS cursor_ns,
+                     * EXCLUDE (ts) FROM ({_records_sql(f)}))
+            WHERE $after_ts IS NULL OR cursor_ns > $after_ts
+               OR (cursor_ns = $after_ts AND record_key > $after_key)
+            ORDER BY cursor_ns, record_key LIMIT $size""",
         params,
     ).df()
     data = page[page["kind"] == "data_change"]
+    timed = data["ts_ns"].dropna()
     keys = con.execute(  # the page's time window first: zone maps skip the rest of mods
         """SELECT record_key, CAST(keys AS VARCHAR) AS keys FROM mods
            WHERE stream = $stream AND mod_index = 0
-             AND commit_timestamp BETWEEN make_timestamp_ns($lo) AND make_timestamp_ns($hi)
+             AND (($lo IS NOT NULL AND commit_timestamp
+                   BETWEEN make_timestamp_ns($lo) AND make_timestamp_ns($hi))
+                  OR ($untimed_rows AND commit_timestamp IS NULL))
              AND list_contains($k, record_key)""",
         {"stream": stream, "k": list(data["record_key"]),
-         "lo": int(data["ts_ns"].min()) if len(data) else 0,
-         "hi": int(data["ts_ns"].max()) if len(data) else 0},
+         "lo": int(timed.min()) if len(timed) else None,
+         "hi": int(timed.max()) if len(timed) else None,
+         "untimed_rows": bool(len(timed) < len(data))},
     ).df()
     page = page.merge(keys, on="record_key", how="left")
     front = ["ts_ns", "table_name", "keys", "mod_type"]

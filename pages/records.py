@@ -22,6 +22,9 @@ table = cols[0].selectbox("Table", ["(all)", *opts["tables"]], key="rec_table")
 mod = cols[1].selectbox("Mod type", ["(all)", *opts["mod_types"]], key="rec_mod")
 wanted = state.selected_partition()
 choices = ["(all)", *opts["partitions"]]
+if wanted and wanted not in choices:
+    st.error(md(f"No partition {wanted!r} in {c.stream}; showing all partitions (choose one "
+                "in the Partition list)."))
 partition = cols[2].selectbox("Partition", choices,
                               index=choices.index(wanted) if wanted in choices else 0,
                               key=f"rec_partition_{wanted}")
@@ -44,7 +47,7 @@ except ValueError as e:
     key = None
 if partition != "(all)" and partition != wanted:
     state.select_partition(partition)
-elif partition == "(all)" and wanted:
+elif partition == "(all)" and wanted in choices:
     state.select_partition(None)
 
 f = queries.RecordFilter(table=None if table == "(all)" else table, key=key,
@@ -64,15 +67,18 @@ first = (len(cursors) - 1) * PAGE_SIZE
 st.caption(f"{count(total)} rows match · rows {count(first + 1 if len(page) else 0)}–"
            f"{count(first + len(page))}" + ("" if f.heartbeats and not f.data_only else
                                             " · heartbeats hidden" if hide else ""))
-shown = widgets.with_datetimes(page).rename(columns={"ts": "time"})
+shown = widgets.with_datetimes(page.drop(columns=["cursor_ns"])).rename(columns={"ts": "time"})
 shown = shown[["time", *[col for col in shown.columns if col != "time"]]]
+# A new filter or page is a new table: its selection starts empty (a row picked in another
+# table is no row of this one).
 event = st.dataframe(shown, hide_index=True, width="stretch", height=420,
-                     on_select="rerun", selection_mode="single-row", key=f"rec_rows_{len(cursors)}",
+                     on_select="rerun", selection_mode="single-row",
+                     key=f"rec_rows_{abs(hash(f)) % 10**12}_{len(cursors)}",
                      column_config={"time": st.column_config.DatetimeColumn(
-                         format="YYYY-MM-DD HH:mm:ss.SSSSSS")})
-rows = event.selection.rows if event is not None else []
+                         "time (UTC)", format="YYYY-MM-DD HH:mm:ss.SSSSSS")})
+rows = [r for r in (event.selection.rows if event is not None else []) if 0 <= r < len(page)]
 if rows:
-    picked = page.iloc[rows[0]]
+    picked = page.drop(columns=["cursor_ns"]).iloc[rows[0]]
     if picked["kind"] == "heartbeat":
         st.info("A heartbeat: no values, only the partition's progress mark.")
     else:
@@ -106,7 +112,7 @@ if nav_l.button("◀ Previous", disabled=len(cursors) == 1, key="rec_prev"):
     st.rerun()
 if nav_m.button("Next ▶", disabled=first + len(page) >= total, key="rec_next"):
     last = page.iloc[-1]
-    cursors.append((int(last["ts_ns"]), str(last["record_key"])))
+    cursors.append((int(last["cursor_ns"]), str(last["record_key"])))
     st.rerun()
 
 st.subheader("Export the filtered data change records")

@@ -33,15 +33,24 @@ def status(row: Any) -> str:
 
 
 def layout(parts: pd.DataFrame, range_end_ns: int | None = None) -> pd.DataFrame:
-    """``analysis.partitions`` rows + lane, x0_ns, x1_ns, status (one row per partition)."""
+    """``analysis.partitions`` rows + lane, x0_ns, x1_ns, status, timed (one row per
+    partition). ``timed`` is False for a partition the data gives no time at all (e.g. a
+    CockroachDB changefeed without ``updated``): it is drawn at the earliest known time, or at
+    ``range_end_ns``, or at 0 when the stream has no time anywhere."""
     if parts.empty:
         return parts.assign(lane=pd.Series(dtype=int), x0_ns=pd.Series(dtype="Int64"),
-                            x1_ns=pd.Series(dtype="Int64"), status=pd.Series(dtype=str))
+                            x1_ns=pd.Series(dtype="Int64"), status=pd.Series(dtype=str),
+                            timed=pd.Series(dtype=bool))
     df = parts.copy()
     start = df["start_ns"].astype("Int64")
-    fallback = start.min() if range_end_ns is None else range_end_ns
-    df["x0_ns"] = start.fillna(fallback).astype("int64")
     end = df["end_ns"].astype("Int64").fillna(df["watermark_ns"].astype("Int64"))
+    df["timed"] = (start.notna() | end.notna()).astype(bool)
+    known = pd.concat([start, end]).dropna()
+    if range_end_ns is not None:
+        fallback = int(range_end_ns)
+    else:
+        fallback = int(known.min()) if len(known) else 0
+    df["x0_ns"] = start.fillna(end).fillna(fallback).astype("int64")
     df["x1_ns"] = end.fillna(df["x0_ns"]).astype("int64")
     df["x1_ns"] = df[["x0_ns", "x1_ns"]].max(axis=1)
     df["status"] = [status(r) for r in df.itertuples()]

@@ -71,8 +71,8 @@ def stall_span(stall: dict[str, Any], strong=lambda text: text) -> str:
     words "still does" for the page that renders markup)."""
     since = clock(stall["since_ns"])
     if stall["ongoing"]:
-        return (f"since {since} and {strong('still does')}: the low watermark is "
+        return (f"since {since} UTC and {strong('still does')}: the low watermark is "
                 f"{duration(stall['max_lag_s'])} behind.")
     until = clock(stall["until_ns"] if stall["until_ns"] is not None else stall["last_ns"])
-    return (f"from {since} to {until}, up to {duration(stall['max_lag_s'])} behind; "
-            f"it recovered at {until}.")
+    return (f"from {since} to {until} UTC, up to {duration(stall['max_lag_s'])} behind; "
+            f"it recovered at {until} UTC.")

@@ -81,6 +81,7 @@ def dag_figure(nodes: pd.DataFrame, segments: pd.DataFrame, highlight: Sequence[
     if nodes.empty:
         return fig.update_layout(height=240)
     lo, hi = int(nodes["x0_ns"].min()), int(nodes["x1_ns"].max())
+    untimed = "timed" in nodes.columns and not nodes["timed"].any()
     unread = hi == lo  # no partition has a time after its start yet
     narrow = hi - lo < _DAG_MIN_SPAN_NS
     if narrow:
@@ -135,13 +136,18 @@ def dag_figure(nodes: pd.DataFrame, segments: pd.DataFrame, highlight: Sequence[
         fig.add_trace(go.Scatter(
             x=_dt(labelled["x1_ns"]), y=labelled["lane"], mode="text", showlegend=False,
             text=[f" {html(short(t, 10))} ({html(notes[t])})" for t in labelled["token"]],
-            textposition="middle right", textfont=dict(color="#d93025", size=12),
+            textposition="middle left", textfont=dict(color="#d93025", size=12),
             hoverinfo="skip", cliponaxis=False))
-    if not labelled.empty:  # room on the right for the names
-        fig.update_xaxes(range=[to_datetime(lo), to_datetime(hi + (hi - lo) // 3)])
-    elif narrow:
-        fig.update_xaxes(range=[to_datetime(lo - min_w), to_datetime(hi)])
-    if unread:
+    # The axis spans the data: names end at their bar's end, inside it (no padding past the
+    # last time the data holds).
+    fig.update_xaxes(range=[to_datetime(lo - min_w if narrow else lo), to_datetime(hi)])
+    if untimed:
+        fig.add_annotation(
+            text="These records carry no times (the source sent none): the partitions are "
+                 "drawn without a time axis", showarrow=False, xref="paper", yref="paper",
+            x=0.5, y=0.5, font=dict(size=13, color="#5f6368"), bgcolor="rgba(255,255,255,0.8)")
+        fig.update_xaxes(showticklabels=False)
+    elif unread:
         fig.add_annotation(
             text=f"No time read yet: each partition is drawn at its start ({timestamp(lo)}); "
                  "pull again to read them", showarrow=False, xref="paper", yref="paper",

@@ -8,6 +8,7 @@ from typing import Any
 import duckdb
 import pandas as pd
 
+from spark_backend.analysis import stalls
 from spark_backend.analysis.dag import edges, partitions, range_end_ns
 from spark_backend.analysis.transactions import duplicates, transaction_counts
 from spark_backend.analysis.watermarks import heartbeat_gaps, low_watermark
@@ -38,10 +39,13 @@ PROGRESS_SYSTEMS = ("spanner",)
 
 
 def anomalies(
-    con: duckdb.DuckDBPyConnection, stream: str, stall_after_s: float = 60.0
+    con: duckdb.DuckDBPyConnection, stream: str, stall_after_s: float = 60.0,
+    with_stalls: bool = True,
 ) -> list[dict[str, Any]]:
     """Watermark going backwards, ended early without children, child never read, gaps,
-    stalled and failed partitions; plus what the stream's own system defines.
+    stalled and failed partitions, the stalls of the cached range (``stall``, where the system
+    sends heartbeats: ``systems.has_heartbeats``; ``with_stalls=False`` leaves them to a caller
+    that replays a range of its own); plus what the stream's own system defines.
 
     The progress checks (backwards, gaps, stalled) apply where partitions vouch for progress
     (Spanner); other systems define their own in ``systems``.
@@ -98,6 +102,9 @@ def anomalies(
             out.append({"kind": "stalled", "partition": row.token, "at": _ts(row.watermark_ns),
                         "detail": f"watermark {row.lag_s:.1f}s behind the range end"})
     systems = _systems_module()
+    if with_stalls and systems is not None and systems.has_heartbeats(con, stream, system):
+        replay = stalls.watermark_replay(con, stream)
+        out.extend(stalls.as_anomalies(stalls.stalls(con, stream, stall_after_s, replay)))
     if systems is not None and hasattr(systems, "system_anomalies"):
         out.extend(systems.system_anomalies(con, stream, system, stall_after_s=stall_after_s))
     return out

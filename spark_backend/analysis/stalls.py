@@ -14,6 +14,8 @@ from typing import Any
 import duckdb
 import pandas as pd
 
+from spark_backend.model.timestamps import format_ns
+
 from .dag import range_end_ns
 
 DEFAULT_POINTS = 240
@@ -148,3 +150,17 @@ def current_state(con: duckdb.DuckDBPyConnection, stream: str,
     return {"t_ns": int(last["t_ns"]), "low_ns": int(last["low_ns"]),
             "holder": last["holder"], "lag_s": float(last["held_s"]),
             "range_end_ns": range_end_ns(con, stream)}
+
+
+def as_anomalies(found: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The stalls of :func:`stalls` as anomalies (kind ``stall``), costliest first: a stall is
+    an anomaly wherever it is shown."""
+    out = []
+    for s in found:
+        end = "still holds it back" if s["ongoing"] else (
+            f"until {format_ns(s['until_ns'] if s['until_ns'] is not None else s['last_ns'])}")
+        out.append({"kind": "stall", "partition": s["partition"],
+                    "at": format_ns(int(s["since_ns"])),
+                    "detail": f"held the low watermark up to {s['max_lag_s']:.1f}s behind, "
+                              f"more than the threshold for {s['cost_s']:.1f}s; {end}"})
+    return out

@@ -35,6 +35,47 @@ def _has_table(con: duckdb.DuckDBPyConnection, name: str) -> bool:
     return bool(row and row[0])
 
 
+# --- progress: heartbeats or freshness -----------------------------------------------------------
+
+# Systems whose partitions vouch for progress when nothing changes (Spanner heartbeats, Bigtable
+# heartbeats with their low watermarks, Beam's watermark column): there a quiet partition has
+# stalled. Datastream sends only changes, so a quiet table is only quiet; a CockroachDB
+# changefeed vouches for progress only with resolved timestamps (an option).
+HEARTBEAT_SYSTEMS = frozenset({"spanner", "bigtable", "beam"})
+
+
+def has_heartbeats(con: duckdb.DuckDBPyConnection, stream: str, system: str | None) -> bool:
+    """Whether the stream's silence can be a stall: its system sends heartbeats (or resolved
+    timestamps, CockroachDB) and words about stalls apply; else freshness words do."""
+    if system in HEARTBEAT_SYSTEMS or system is None:
+        return True
+    if system == "cockroachdb":
+        row = con.execute("SELECT count(*) FROM heartbeats WHERE stream = ?", [stream]).fetchone()
+        return bool(row and row[0])
+    return False
+
+
+def freshness_summary(con: duckdb.DuckDBPyConnection, stream: str) -> dict[str, Any]:
+    """For a stream without heartbeats: how many data change records, how many carry a source
+    time, the latest source time (``latest_ns``), and the worst delay from source to read
+    (``worst_lag_s``, its ``worst_table`` and ``worst_ns``; None where the system gives no
+    read time)."""
+    total, timed, latest = con.execute(
+        "SELECT count(*), count(commit_timestamp), epoch_ns(max(commit_timestamp)) "
+        "FROM data_change_records WHERE stream = ?", [stream]).fetchone()
+    worst = con.execute(
+        """SELECT table_name, epoch_ns(commit_timestamp),
+                  (epoch_ns(read_timestamp) - epoch_ns(commit_timestamp)) / 1e9 AS lag
+           FROM data_change_records WHERE stream = ? AND read_timestamp IS NOT NULL
+             AND commit_timestamp IS NOT NULL
+           ORDER BY lag DESC, table_name LIMIT 1""", [stream]).fetchone()
+    return {"records": int(total), "timed": int(timed),
+            "latest_ns": None if latest is None else int(latest),
+            "worst_lag_s": None if worst is None else float(worst[2]),
+            "worst_table": None if worst is None else worst[0],
+            "worst_ns": None if worst is None else int(worst[1])}
+
+
 # --- watermarks ----------------------------------------------------------------------------------
 
 
