@@ -14,6 +14,8 @@ from spark_backend.model import config
 from spark_backend.model.errors import CacheError, InspectorError
 from spark_backend.model.timestamps import TimestampError, now_ns, parse_ns
 
+from . import import_roots
+
 SOURCES = {"demo": "Demo world", "emulator": "Local Cloud Spanner emulator",
            "spanner": "Cloud Spanner", "files": "Recordings and other systems' files"}
 FILE_FORMATS = ("recording", "datastream", "cockroachdb", "bigtable")
@@ -61,7 +63,8 @@ class PullForm:
     end: str = ""
     heartbeat_ms: int = config.DEFAULT_HEARTBEAT_MS
     file_format: str = "recording"
-    paths: str = ""
+    paths: str = ""  # files or folders under the import folder, one per line (app/import_roots)
+    uploads: list[Any] = field(default_factory=list)  # files uploaded through the page
     errors: dict[str, str] = field(default_factory=dict)
 
 
@@ -143,8 +146,8 @@ def validate(form: PullForm) -> dict[str, str]:
     if form.source == "files":
         if form.file_format not in FILE_FORMATS:
             errors["file_format"] = f"Choose a format: {', '.join(FILE_FORMATS)}."
-        if not form.paths.strip():
-            errors["paths"] = "Give at least one file or folder, one per line."
+        if not form.paths.strip() and not form.uploads:
+            errors["paths"] = f"Nothing to import: the page reads {import_roots.accepted()}."
     return errors
 
 
@@ -182,12 +185,7 @@ def pull(cache: Cache, form: PullForm, on_progress: Callable[[Any], None],
     """
     try:
         if form.source == "files":
-            from spark_backend.jobs.files import import_files
-
-            paths = [p.strip() for p in form.paths.splitlines() if p.strip()]
-            res = import_files(cache, form.stream.strip(), form.file_format, paths,
-                               progress=lambda msg: on_progress(msg))
-            return Outcome(True, import_message(res), stream=res.stream)
+            return _import(cache, form, on_progress)
         from spark_backend.jobs import pull as backend
 
         request = dataclasses.replace(request_for(form), reader=reader)
@@ -210,6 +208,18 @@ def pull(cache: Cache, form: PullForm, on_progress: Callable[[Any], None],
                        stream=res.stream)
     return Outcome(True, f"Pulled {res.records:,} records of {res.stream} in {res.waves} "
                          f"wave(s) ({res.seconds:.1f}s).", stream=res.stream)
+
+
+def _import(cache: Cache, form: PullForm, on_progress: Callable[[Any], None]) -> Outcome:
+    """Import the form's uploads and its paths under the import folder, nothing else: a path
+    elsewhere is refused (``import_roots``) before any file is read."""
+    from spark_backend.jobs.files import import_files
+
+    paths = import_roots.checked_paths(form.paths.splitlines())
+    with import_roots.uploads_on_disk(form.uploads) as uploaded:
+        res = import_files(cache, form.stream.strip(), form.file_format, paths + uploaded,
+                           progress=on_progress)
+    return Outcome(True, import_message(res), stream=res.stream)
 
 
 def import_message(res: Any) -> str:

@@ -6,7 +6,7 @@ from datetime import timedelta
 
 import streamlit as st
 
-from app import live, nav, pulling, resources, samples, state, widgets
+from app import import_roots, live, nav, pulling, resources, samples, state, widgets
 from app.formatting import ns_column
 from app.safe import md
 from spark_backend.model import config
@@ -49,8 +49,19 @@ with left:
     else:
         form.file_format = st.selectbox("Format", pulling.FILE_FORMATS, key="src_format")
         field_error("file_format")
-        form.paths = st.text_area("Files or folders, one per line", key="src_paths",
-                                  placeholder="fixtures/samples/datastream")
+        n = st.session_state.get("src_upload_n", 0)  # a new key empties the uploader
+        form.uploads = st.file_uploader(
+            "Upload files", accept_multiple_files=True, key=f"src_upload_{n}",
+            help=f"Up to {st.get_option('server.maxUploadSize')} MB a file "
+                 "(Streamlit's server.maxUploadSize); kept in a private temporary folder "
+                 "only while the import runs.") or []
+        root = import_roots.import_root()
+        form.paths = st.text_area(
+            "Files or folders under the import folder, one per line", key="src_paths",
+            placeholder="off: no import folder" if root is None else "datastream/events.jsonl",
+            help=f"Relative to the import folder `{import_roots.IMPORT_ROOT_ENVVAR}`, named "
+                 "when the dashboard started; nothing outside it is read.")
+        st.caption(md(f"This page reads {import_roots.accepted()}."))
         field_error("paths")
 with right:
     if form.source != "files":
@@ -84,6 +95,8 @@ if go:
             box.update(label=md(outcome.message), state="complete" if outcome.ok else "error")
         if outcome.ok:
             st.session_state["pull_message"] = outcome.message
+            if form.uploads:
+                st.session_state["src_upload_n"] = st.session_state.get("src_upload_n", 0) + 1
         else:
             errors = {outcome.field: outcome.message}
     st.session_state["pull_errors"] = errors

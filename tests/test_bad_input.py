@@ -604,7 +604,8 @@ def test_dashboard_cache_path_that_is_not_a_cache(place, tmp_path, kind):
         assert digest(target) == before
 
 
-def test_dashboard_import_of_a_missing_path_is_one_error(dash, tmp_path):
+def test_dashboard_import_of_a_missing_path_is_one_error(dash, tmp_path, monkeypatch):
+    monkeypatch.setenv("CSI_IMPORT_ROOT", str(tmp_path))  # the page reads only under it
     before = dash_counts(dash)
     at = app(dash, "sources")
     at.radio(key="src_source").set_value("files").run()

@@ -1,0 +1,142 @@
+"""Where the dashboard may read files for an import: files uploaded through the page, and files
+under the import folder named when the dashboard started (``$CSI_IMPORT_ROOT``); no other path
+of the server. The one-click samples are the project's own files, named in ``app/samples.py``.
+
+Each path typed in the page is resolved (relative to the import folder; symbolic links and
+``..`` followed) and must lie under the resolved import folder, and so must every file found
+under a folder given: a link inside the folder that leads out of it is refused too. A path
+outside is refused before anything about it is looked at, so the answer is the same whether it
+exists or not.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import IO, Protocol
+
+from spark_backend.jobs.files import scan_paths
+from spark_backend.model.errors import BadInput, InspectorError
+
+IMPORT_ROOT_ENVVAR = "CSI_IMPORT_ROOT"
+_CHUNK = 1 << 20  # bytes copied at a time from an upload to its temporary file
+
+
+class Upload(Protocol):
+    """What an import needs of an uploaded file (``streamlit``'s ``UploadedFile`` is one)."""
+
+    name: str
+
+    def seek(self, offset: int, whence: int = 0) -> int: ...
+    def read(self, size: int = -1) -> bytes: ...
+
+
+def import_root() -> Path | None:
+    """The import folder named at start-up, resolved; None when none was named."""
+    raw = os.environ.get(IMPORT_ROOT_ENVVAR, "").strip()
+    return Path(raw).resolve() if raw else None
+
+
+def accepted() -> str:
+    """What the page reads, as a phrase for its captions and refusals."""
+    root = import_root()
+    if root is None:
+        return (f"uploaded files only (no import folder was named at start-up: "
+                f"${IMPORT_ROOT_ENVVAR})")
+    return f"uploaded files, or files and folders under the import folder {root}"
+
+
+def refusal(shown: str, root: Path | None) -> str:
+    """The one sentence for a path the page does not read."""
+    if root is None:
+        return (f"{shown} is not read: files of the server are read only under an import folder "
+                f"named at start-up (${IMPORT_ROOT_ENVVAR}), and none was; upload the files "
+                "instead.")
+    return (f"{shown} is not under the import folder {root} (after following links and ..); "
+            "give files or folders under it, or upload the files.")
+
+
+def _under(root: Path, path: Path) -> bool:
+    try:
+        return path.resolve().is_relative_to(root)
+    except (OSError, ValueError, RuntimeError):  # a NUL byte, a loop of links
+        return False
+
+
+def checked_paths(lines: Iterable[str]) -> list[str]:
+    """The files to import for the paths typed in the page (one per item; relative ones are
+    under the import folder): every file given or found under a folder given, resolved, each
+    under the import folder. ``BadInput(field="paths")`` with one sentence for the first path
+    that is not, before anything is read."""
+    root = import_root()
+    given = [line.strip() for line in lines if line.strip()]
+    targets = []
+    for line in given:
+        target = root / line if root is not None else Path(line)
+        if root is None or not _under(root, target):
+            raise BadInput(refusal(line, root), field="paths")
+        targets.append(target.resolve())
+    if not targets:
+        return []
+    files, other = scan_paths([str(t) for t in targets])  # BadInput when a path is missing
+    checked = []
+    for path in [*files, *(Path(where) for where, _ in other)]:
+        if not _under(root, path):
+            raise BadInput(refusal(_shown(root, path), root), field="paths")
+        # Not-regular entries (pipes, broken links) go as given: the import quarantines them
+        # with their reason.
+        checked.append(str(path.resolve() if path.is_file() else path))
+    return checked
+
+
+def _shown(root: Path, path: Path) -> str:
+    """A path found under a folder, as the user knows it (relative to the import folder)."""
+    try:
+        return str(path.relative_to(root))
+    except ValueError:
+        return str(path)
+
+
+@contextmanager
+def uploads_on_disk(uploads: Iterable[Upload]) -> Iterator[list[str]]:
+    """The uploaded files copied (a chunk at a time) into a private temporary folder (mode 0700,
+    one subfolder per upload, each under its own base name); yields their paths and removes the
+    folder when the block ends, however it ends."""
+    uploads = list(uploads)
+    if not uploads:
+        yield []
+        return
+    folder = Path(tempfile.mkdtemp(prefix="csi-upload-"))
+    try:
+        paths = []
+        for i, upload in enumerate(uploads):
+            place = folder / str(i)
+            place.mkdir()
+            target = place / _file_name(upload.name)
+            try:
+                upload.seek(0)
+                with open(target, "xb") as out:
+                    _copy(upload, out)
+            except OSError as e:
+                raise InspectorError(f"Could not keep the upload {upload.name} on this machine "
+                                     f"({e.strerror or e}); nothing was imported.") from e
+            paths.append(str(target))
+        yield paths
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _copy(source: Upload, out: IO[bytes]) -> None:
+    while chunk := source.read(_CHUNK):
+        out.write(chunk)
+
+
+def _file_name(name: str) -> str:
+    """An upload's name as a file name of its own folder: its base name, never hidden or empty
+    (the suffix is kept: formats read ``.gz`` and ``.avro`` by it)."""
+    base = Path(name.replace("\\", "/")).name.lstrip(".")
+    return base or "upload"
