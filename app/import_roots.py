@@ -1,6 +1,8 @@
 """Where the dashboard may read files for an import: files uploaded through the page, and files
 under the import folder named when the dashboard started (``$CSI_IMPORT_ROOT``); no other path
 of the server. The one-click samples are the project's own files, named in ``app/samples.py``.
+A cache file typed in the sidebar is opened only in the start-up cache's folder
+(:func:`cache_choice`).
 
 Each path typed in the page is resolved (relative to the import folder; symbolic links and
 ``..`` followed) and must lie under the resolved import folder, and so must every file found
@@ -20,6 +22,7 @@ from pathlib import Path
 from typing import IO, Protocol
 
 from spark_backend.jobs.files import scan_paths
+from spark_backend.model.config import CACHE_ENVVAR, DEFAULT_CACHE
 from spark_backend.model.errors import BadInput, InspectorError
 
 IMPORT_ROOT_ENVVAR = "CSI_IMPORT_ROOT"
@@ -140,3 +143,28 @@ def _file_name(name: str) -> str:
     (the suffix is kept: formats read ``.gz`` and ``.avro`` by it)."""
     base = Path(name.replace("\\", "/")).name.lstrip(".")
     return base or "upload"
+
+
+# --- the cache file typed in the sidebar ---------------------------------------------------------
+
+
+def startup_cache() -> Path:
+    """The cache the dashboard started with: ``$CSI_CACHE``, else the default."""
+    return Path(os.environ.get(CACHE_ENVVAR) or DEFAULT_CACHE)
+
+
+def cache_choice(typed: str, current: str) -> tuple[str, str | None]:
+    """The cache file to open for what was typed in the sidebar, and the sentence when it is
+    refused (then the ``current`` one stays). Accepted: ``current``, and files in the start-up
+    cache's folder or below it, relative ones there too. Opening creates a missing file (and
+    its folders): a path elsewhere would let a browser write wherever the server may."""
+    typed = typed.strip()
+    if not typed or typed == current:
+        return current, None
+    folder = startup_cache().resolve().parent
+    target = folder / typed
+    if _under(folder, target):
+        return str(target.resolve()), None
+    return current, (f"{typed} is not opened: cache files are opened only in the start-up "
+                     f"cache's folder {folder} (${CACHE_ENVVAR} names the start-up cache); "
+                     f"still showing {current}.")

@@ -188,3 +188,32 @@ def test_uploads_live_in_a_private_folder_only_while_used(tmp_path):
     assert not folder.exists()
     with import_roots.uploads_on_disk([]) as none:
         assert none == []
+
+
+# --- the cache file typed in the sidebar: only in the start-up cache's folder ------------------
+
+
+def test_a_typed_cache_path_opens_only_in_the_start_up_cache_folder(tmp_path, monkeypatch):
+    caches, elsewhere = tmp_path / "caches", tmp_path / "elsewhere"
+    caches.mkdir()
+    elsewhere.mkdir()
+    (caches / "away.duckdb").symlink_to(elsewhere / "x.duckdb")
+    monkeypatch.setenv("CSI_CACHE", str(caches / "main.duckdb"))
+    current = str(caches.resolve() / "main.duckdb")
+    folder = caches.resolve()
+    assert import_roots.cache_choice("", current) == (current, None)
+    assert import_roots.cache_choice(f" {current} ", current) == (current, None)
+    assert import_roots.cache_choice("other.duckdb", current) == (
+        str(folder / "other.duckdb"), None)
+    assert import_roots.cache_choice(f"{folder}/team/b.duckdb", current) == (
+        str(folder / "team" / "b.duckdb"), None)
+    for typed in ("/etc/passwd", "../elsewhere/new.duckdb", str(elsewhere / "new.duckdb"),
+                  "away.duckdb", "/tmp/x\x00.duckdb"):
+        assert import_roots.cache_choice(typed, current) == (current, (
+            f"{typed} is not opened: cache files are opened only in the start-up cache's "
+            f"folder {folder} ($CSI_CACHE names the start-up cache); still showing "
+            f"{current}.")), typed
+    assert list(elsewhere.iterdir()) == []  # nothing was created there
+    monkeypatch.delenv("CSI_CACHE")
+    assert import_roots.cache_choice("b.duckdb", current) == (
+        str(Path.home().resolve() / ".cache" / "changestream-inspector" / "b.duckdb"), None)
