@@ -7,6 +7,7 @@ from typing import Any
 from spark_backend.analysis.display import (  # noqa: F401  (the pages' names)
     clock,
     duration,
+    freshness_text,
     is_missing,
     ns_column,
     parents_text,
@@ -70,21 +71,7 @@ def current_sentence(now: dict[str, Any] | None, threshold_s: float) -> str:
 def freshness_sentence(system: Any, fresh: dict[str, Any]) -> str:
     """Markdown, for a system without heartbeats (``systems.freshness_summary``): how fresh the
     changes are; never stall words (a quiet table there is only quiet)."""
-    name = md(system or "this system")
-    quiet = (f"{name} sends no heartbeats, so a quiet table or key is not a stall: only how late "
-             "changes arrive can be told.")
-    if not fresh["records"]:
-        return f"No data change records cached yet. {quiet}"
-    if not fresh["timed"]:
-        return (f"**No times:** the records ({count(fresh['records'])}) carry no commit times "
-                f"(the source sent none), so neither freshness nor order in time can be told. "
-                f"{quiet}")
-    lead = f"**Freshness:** the latest change cached is from {timestamp(fresh['latest_ns'])}"
-    if fresh["worst_lag_s"] is None:
-        return f"{lead}; the source gives no read times to measure delay. {quiet}"
-    return (f"{lead}; the slowest change reached the reader {duration(fresh['worst_lag_s'])} "
-            f"after it happened (table {md(fresh['worst_table'])}, changed "
-            f"{timestamp(fresh['worst_ns'])}). {quiet}")
+    return freshness_text(system, fresh, esc=md, strong=lambda text: f"**{text}**")
 
 
 def range_clip_note(start_ns: Any, end_ns: Any) -> str:

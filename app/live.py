@@ -144,20 +144,20 @@ def events(parts: Any, edges: Any, found: list[dict], since_ns: int) -> list[str
     for parent, group in recent[recent["kind"] == "split"].groupby("parent"):
         at = int(min(start[t] for t in group["child"]))
         kids = ", ".join(short(t, 8) for t in group["child"])
-        out.append((at, f"{clock(at)} · partition {md(short(parent, 8))} **split** into "
+        out.append((at, f"{clock(at)} UTC · partition {md(short(parent, 8))} **split** into "
                         f"{len(group)} ({md(kids)})"))
     for child, group in recent[recent["kind"] == "merge"].groupby("child"):
         at = int(start[child])
         names = ", ".join(short(t, 8) for t in group["parent"])
-        out.append((at, f"{clock(at)} · partitions {md(names)} **merged** into "
+        out.append((at, f"{clock(at)} UTC · partitions {md(names)} **merged** into "
                         f"{md(short(child, 8))}"))
     for s in found:
         if s["ongoing"]:
-            out.append((s["since_ns"], f"{clock(s['since_ns'])} · partition "
+            out.append((s["since_ns"], f"{clock(s['since_ns'])} UTC · partition "
                         f"{md(short(s['partition'], 8))} **went silent**: it has held the low "
                         f"watermark back for {duration(s['max_lag_s'])} and **still does**"))
         elif s["until_ns"] is not None and s["until_ns"] >= since_ns:
-            out.append((s["until_ns"], f"{clock(s['until_ns'])} · partition "
+            out.append((s["until_ns"], f"{clock(s['until_ns'])} UTC · partition "
                         f"{md(short(s['partition'], 8))} **recovered** after "
                         f"{duration(s['max_lag_s'])} of silence"))
     return [text for _, text in sorted(out, reverse=True)]

@@ -84,3 +84,31 @@ def view(path: str, ver: int, stream: str, stall_s: float, start_ns: int | None,
     """:func:`snapshot`, cached by the cache's version (``resources``' convention)."""
     with resources.cursor(path) as con:
         return snapshot(con, stream, stall_s, start_ns, end_ns)
+
+
+@dataclass(frozen=True)
+class Freshness:
+    """How a stream vouches for progress: heartbeats (stall words apply) or, without them,
+    how fresh its changes are (``summary``: ``systems.freshness_summary``; ``events``:
+    ``systems.freshness``)."""
+
+    system: str | None
+    heartbeats: bool
+    summary: dict[str, Any] | None
+    events: pd.DataFrame | None
+
+
+@st.cache_data(show_spinner=False, max_entries=resources.QUERY_CACHE_ENTRIES)
+def freshness(path: str, ver: int, stream: str) -> Freshness:
+    """The stream's :class:`Freshness`, read in one transaction, cached by version."""
+    with resources.cursor(path) as con:
+        con.execute("BEGIN TRANSACTION")
+        try:
+            row = con.execute("SELECT system FROM streams WHERE stream = ?", [stream]).fetchone()
+            system = row[0] if row else None
+            if systems.has_heartbeats(con, stream, system):
+                return Freshness(system, True, None, None)
+            return Freshness(system, False, systems.freshness_summary(con, stream),
+                             systems.freshness(con, stream))
+        finally:
+            con.execute("ROLLBACK")

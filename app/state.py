@@ -79,12 +79,29 @@ def open_transaction(txid: str | None) -> None:
     set_param("txn", txid)
 
 
+# The times the cache can hold and query: DuckDB's TIMESTAMP_NS (and pandas) count
+# nanoseconds in 64 bits, so about 1677-09-21 to 2262-04-11; whole years inside that.
+TIME_MIN_NS = parse_ns("1678-01-01T00:00:00Z")
+TIME_MAX_NS = parse_ns("2261-12-31T23:59:59.999999999Z")
+TIME_DOMAIN = "from 1678-01-01T00:00:00Z to 2261-12-31T23:59:59.999999999Z"
+
+
+def parse_time(text: str) -> int:
+    """RFC 3339 -> ns; TimestampError with one sentence for text that is no timestamp or a time
+    outside what the cache can hold."""
+    ns = parse_ns(text.strip())
+    if not TIME_MIN_NS <= ns <= TIME_MAX_NS:
+        raise TimestampError(f"{text.strip()!r} is outside the times the cache can hold; give "
+                             f"a time {TIME_DOMAIN}")
+    return ns
+
+
 def parse_range_bound(text: str, label: str) -> int | None:
     """'' -> None, RFC 3339 -> ns; ValueError with one sentence naming the field."""
     if not text or not text.strip():
         return None
     try:
-        return parse_ns(text)
+        return parse_time(text)
     except TimestampError as e:
         raise ValueError(f"{label}: {e}.") from e
 
@@ -123,9 +140,9 @@ def replay_moment() -> tuple[int | None, str | None]:
     if text is None:
         return None, None
     try:
-        return parse_ns(text), None
+        return parse_time(text), None
     except TimestampError as e:
-        return None, f"The replay moment in the URL (at) is not a timestamp: {e}."
+        return None, f"The replay moment in the URL (at) is not usable: {e}."
 
 
 def set_replay_moment(ns: int | None) -> None:

@@ -6,7 +6,7 @@ import pandas as pd
 import streamlit as st
 
 from . import nav, resources, state, walkthrough
-from .formatting import count, ns_column, short, timestamp
+from .formatting import clock, count, ns_column, short, timestamp
 from .queries import TxnFilter
 from .safe import md
 
@@ -70,9 +70,10 @@ def partition_panel(c: state.Ctx, token: str) -> None:
     cols[0].metric("state", r["state"])
     cols[1].metric("data change records", count(r["data_change_records"]))
     cols[2].metric("heartbeats", count(r["heartbeats"]))
-    cols[3].metric("start", timestamp(_ns(r["start_ts"]))[11:23])
-    cols[4].metric("end / watermark", timestamp(_ns(r["end_ts"] if not pd.isna(r["end_ts"])
-                                                     else r["watermark"]))[11:23])
+    # Clock times in the tiles (a tile cuts longer text); the full times in the caption.
+    cols[3].metric("start (UTC)", clock(_ns(r["start_ts"])))
+    cols[4].metric("end / watermark (UTC)", clock(_ns(r["end_ts"] if not pd.isna(r["end_ts"])
+                                                      else r["watermark"])))
     st.caption(f"start {timestamp(_ns(r['start_ts']))} · end "
                f"{timestamp(_ns(r['end_ts'])) if not pd.isna(r['end_ts']) else '(open)'} · "
                f"watermark {timestamp(_ns(r['watermark']))}"

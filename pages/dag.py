@@ -55,9 +55,14 @@ st.caption(f"{len(nodes):,} partitions on {int(nodes['lane'].max()) + 1 if len(n
 marked = [*highlight, *([selected] if selected else [])]
 fig = figures.dag_figure(nodes, segments, highlight=marked, holder=holder, notes=notes,
                          spans=spans)
-if c.start_ns or c.end_ns:
-    fig.update_xaxes(range=[to_datetime(c.start_ns or int(nodes["x0_ns"].min())),
-                            to_datetime(c.end_ns or int(nodes["x1_ns"].max()))])
+if (c.start_ns is not None or c.end_ns is not None) and len(nodes):
+    # the sidebar's range, within the partitions' own span (a range of decades around an
+    # hour of data would draw the bars as dots)
+    lo, hi = int(nodes["x0_ns"].min()), int(nodes["x1_ns"].max())
+    shown_lo = lo if c.start_ns is None else min(max(c.start_ns, lo), hi)
+    shown_hi = hi if c.end_ns is None else max(min(c.end_ns, hi), shown_lo)
+    if shown_hi > shown_lo:
+        fig.update_xaxes(range=[to_datetime(shown_lo), to_datetime(shown_hi)])
 st.plotly_chart(fig, key=f"dag_chart_{n}", on_select="rerun", selection_mode="points",
                 config={"toImageButtonOptions": {"format": "png", "filename": "dag",
                                                  "scale": 2}})

@@ -57,7 +57,7 @@ if total > MAX_DRAWN:
         st.session_state["tx_window"] = starts[default]
     if st.session_state.get("tx_window") not in starts:
         st.session_state["tx_window"] = starts[default]
-    first = st.select_slider("Window start (drag, or arrow keys)", options=starts,
+    first = st.select_slider("Window start, UTC (drag, or arrow keys)", options=starts,
                              format_func=clock, key="tx_window")
     k = starts.index(first)
     last, drawn = k, counts[k]
@@ -74,7 +74,7 @@ if total > MAX_DRAWN:
                "over the whole range. Below: "
                + (f"the {count(drawn)}" if drawn <= MAX_DRAWN else
                   f"the first {count(MAX_DRAWN)} of the {count(drawn)}")
-               + f" that began from {clock(lo)} to {clock(hi)} (outlined above), one dot per "
+               + f" that began from {clock(lo)} to {clock(hi)} UTC (outlined above), one dot per "
                "partition each touched; move the window to see others.")
 else:
     st.caption(f"All {count(total)} transactions of the range, one dot per partition each "

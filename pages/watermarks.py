@@ -3,10 +3,11 @@ behind the frontier over time; a replay of any moment (in the URL: ``at``)."""
 
 import streamlit as st
 
-from app import figures, queries, resources, state, widgets
+from app import figures, overview_view, queries, resources, state, widgets
 from app.formatting import (
     clock,
     current_sentence,
+    freshness_sentence,
     held_back_at_sentence,
     ns_column,
     range_clip_note,
@@ -17,6 +18,16 @@ from app.safe import md
 c = widgets.need_stream()
 widgets.walkthrough_banner("watermarks")
 st.title("Watermarks")
+fresh = overview_view.freshness(c.path, c.version, c.stream)
+if not fresh.heartbeats:
+    # Datastream, a CockroachDB changefeed without resolved timestamps: changes only, so a
+    # quiet table is no stall; how late changes arrive is what can be told.
+    st.markdown(freshness_sentence(fresh.system, fresh.summary))
+    if fresh.events is not None and not fresh.events.empty:
+        st.plotly_chart(figures.freshness_figure(fresh.events), key="wm_freshness")
+        st.caption("Each change's delay from the source to the reader, over the time it was "
+                   "read, one colour per table.")
+    st.stop()
 head = st.container()  # the worst stall and the state now lead; the threshold comes after
 
 threshold = st.number_input(
@@ -63,7 +74,7 @@ def _moved() -> None:
     state.set_replay_moment(st.session_state["wm_at"])
 
 
-at = st.select_slider("Replay: the watermarks as they stood at", options=moments,
+at = st.select_slider("Replay: the watermarks as they stood at (UTC)", options=moments,
                       format_func=clock, key="wm_at", on_change=_moved,
                       help="Arrow keys step through the moments; the moment is in the URL "
                            "(at=...), so a shared link opens here.")
@@ -88,9 +99,9 @@ with left:
     if found:
         table = queries.stalls_table(found)
         st.dataframe(table, hide_index=True, width="stretch")
-    st.subheader(f"Stalled at {clock(at)} ({len(stalled)})")
+    st.subheader(f"Stalled at {clock(at)} UTC ({len(stalled)})")
     if stalled.empty:
-        st.success(f"No open partition lagged more than {threshold:g}s at {clock(at)}.")
+        st.success(f"No open partition lagged more than {threshold:g}s at {clock(at)} UTC.")
     else:
         st.dataframe(stalled.assign(watermark=ns_column(stalled["watermark_ns"]))
                      [["partition", "lag_s", "watermark"]], hide_index=True, width="stretch")
@@ -100,5 +111,5 @@ with left:
                "interval apart.")
     st.dataframe(widgets.with_datetimes(gaps), hide_index=True, width="stretch")
 with right:
-    st.subheader(f"Lag behind {clock(at)}")
+    st.subheader(f"Lag behind {clock(at)} UTC")
     st.plotly_chart(figures.lag_figure(lag_now, threshold), key="wm_lag_at")

@@ -76,3 +76,25 @@ def stall_span(stall: dict[str, Any], strong=lambda text: text) -> str:
     until = clock(stall["until_ns"] if stall["until_ns"] is not None else stall["last_ns"])
     return (f"from {since} to {until} UTC, up to {duration(stall['max_lag_s'])} behind; "
             f"it recovered at {until} UTC.")
+
+
+def freshness_text(system: Any, fresh: dict[str, Any], esc=str, strong=lambda text: text) -> str:
+    """How fresh a stream without heartbeats is, in words (``systems.freshness_summary``);
+    never stall words: without heartbeats a quiet table is only quiet. ``esc`` escapes values
+    for the page's markup, ``strong`` marks the lead word."""
+    name = esc(system or "this system")
+    quiet = (f"{name} sends no heartbeats, so a quiet table or key is not a stall: only how late "
+             "changes arrive can be told.")
+    if not fresh["records"]:
+        return f"No data change records cached yet. {quiet}"
+    if not fresh["timed"]:
+        return (f"{strong('No times:')} the records ({fresh['records']:,}) carry no commit "
+                "times (the source sent none), so neither freshness nor order in time can be "
+                f"told. {quiet}")
+    latest = timestamp(fresh["latest_ns"])
+    lead = f"{strong('Freshness:')} the latest change cached is from {latest}"
+    if fresh["worst_lag_s"] is None:
+        return f"{lead}; the source gives no read times to measure delay. {quiet}"
+    return (f"{lead}; the slowest change reached the reader {duration(fresh['worst_lag_s'])} "
+            f"after it happened (table {esc(fresh['worst_table'])}, changed "
+            f"{timestamp(fresh['worst_ns'])}). {quiet}")

@@ -358,3 +358,17 @@ def txn_count_figure(buckets: pd.DataFrame, window: tuple[int, int] | None = Non
     fig.update_layout(height=160, margin=dict(l=10, r=10, t=10, b=10), bargap=0,
                       xaxis=dict(type="date"), yaxis=dict(title="txns"))
     return fig
+
+
+def freshness_figure(events: pd.DataFrame) -> go.Figure:
+    """Systems without heartbeats: each change's delay from the source to the reader (lag_s)
+    over the time it was read, one colour per table."""
+    fig = go.Figure()
+    for table, part in events.groupby("table_name", sort=True):
+        fig.add_trace(go.Scatter(
+            x=_dt(part["read_ns"]), y=part["lag_s"], mode="markers", name=html(table),
+            hovertemplate="read %{x}<br>%{y:.1f}s after the change<extra></extra>"))
+    fig.update_layout(height=320, margin=dict(l=10, r=10, t=30, b=10), legend=_LEGEND,
+                      xaxis=dict(title="read at (UTC)", type="date"),
+                      yaxis=dict(title="delay from the source (s)", rangemode="tozero"))
+    return fig

@@ -16,9 +16,9 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from ..model.timestamps import format_duration, format_ns
-from . import dag_layout, figures, stalls
+from . import dag_layout, figures, stalls, systems
 from .dag import edges, partitions
-from .display import clock, stall_span
+from .display import clock, freshness_text, stall_span, timestamp
 from .report import anomalies, summary
 
 _CSS = """
@@ -57,20 +57,23 @@ def _txn_per_minute(con: duckdb.DuckDBPyConnection, stream: str) -> pd.DataFrame
     return con.execute(
         """SELECT epoch_ns(time_bucket(INTERVAL 1 MINUTE, commit_timestamp)) AS bucket_ns,
                   count(*) AS transactions
-           FROM transactions WHERE stream = ? GROUP BY 1 ORDER BY 1""", [stream]).df()
+           FROM transactions WHERE stream = ? AND commit_timestamp IS NOT NULL
+           GROUP BY 1 ORDER BY 1""", [stream]).df()
 
 
 def build_html(con: duckdb.DuckDBPyConnection, stream: str, stall_after_s: float = 60.0,
                start_ns: int | None = None, end_ns: int | None = None) -> str:
     """The report of ``stream`` (over ``[start_ns, end_ns]``, default its cached range)."""
     info = summary(con, stream)
+    beats = systems.has_heartbeats(con, stream, info["system"])
     parts = partitions(con, stream, stall_after_s)
     nodes = dag_layout.layout(parts)
     segs = dag_layout.edge_segments(nodes, edges(con, stream))
     replay = stalls.watermark_replay(con, stream, stalls.DEFAULT_POINTS, start_ns, end_ns)
-    found = stalls.stalls(con, stream, stall_after_s, replay)
+    # Without heartbeats a quiet table is no stall: the report speaks of freshness instead.
+    found = stalls.stalls(con, stream, stall_after_s, replay) if beats else []
     worst = found[0] if found else None
-    now = stalls.current_state(con, stream, replay)
+    now = stalls.current_state(con, stream, replay) if beats else None
     low = stalls.low_watermark_over_time(replay)
     lag, total = stalls.lag_over_time(replay)
     spans = [(worst["partition"], worst["since_ns"], worst["until_ns"] or worst["last_ns"])
@@ -84,18 +87,27 @@ def build_html(con: duckdb.DuckDBPyConnection, stream: str, stall_after_s: float
                           yaxis_title="transactions / minute")
     for fig in (dag, lag_fig, txn_fig):
         fig.update_layout(template="plotly_white")
-    found_anomalies = pd.DataFrame(anomalies(con, stream, stall_after_s))
-    now_text = ("No progress marks." if now is None else
-                f"Now ({clock(now['t_ns'])}): the low watermark is {clock(now['low_ns'])}, "
-                f"{format_duration(now['lag_s'])} behind, held by partition {now['holder']}.")
+    # the stalls of the range reported (the lead's), then the stream's other kinds
+    found_anomalies = pd.DataFrame(stalls.as_anomalies(found) + anomalies(
+        con, stream, stall_after_s, with_stalls=False))
+    if not beats:
+        lead = freshness_text(info["system"], systems.freshness_summary(con, stream))
+        now_text = ""
+    else:
+        lead = stall_text(worst, stall_after_s)
+        now_text = ("No progress marks." if now is None else
+                    f"Now ({clock(now['t_ns'])} UTC): the low watermark is "
+                    f"{clock(now['low_ns'])} UTC, {format_duration(now['lag_s'])} behind, held "
+                    f"by partition {now['holder']}.")
     stall_table = (pd.DataFrame([{
         "partition": s["partition"], "from": format_ns(s["since_ns"]),
         "until": "still now" if s["ongoing"] else format_ns(s["until_ns"] or s["last_ns"]),
         "worst lag (s)": round(s["max_lag_s"], 1),
         "held more than the threshold (s)": round(s["cost_s"], 1)} for s in found])
         if found else pd.DataFrame())
-    rng = f"{format_ns(info['range_start_ns'])} → {format_ns(info['range_end_ns'])}" \
-        if info["range_start_ns"] is not None else "(empty)"
+    rng = (f"{timestamp(info['range_start_ns'])} → {timestamp(info['range_end_ns'])}"
+           if info["range_start_ns"] is not None or info["range_end_ns"] is not None
+           else "no times (the source sent none)")
     tiles = [("partitions", f"{len(parts):,}"),
              ("data change records", f"{info['records']['data_change']:,}"),
              ("heartbeats", f"{info['records']['heartbeat']:,}"),
@@ -106,7 +118,7 @@ def build_html(con: duckdb.DuckDBPyConnection, stream: str, stall_after_s: float
         f"<p class='sub'>{escape(str(info['system']))} · source {escape(str(info['source']))} · "
         f"{escape(rng)} · stall threshold {stall_after_s:g}s · report made "
         f"{escape(format_ns(int(dt.datetime.now(dt.UTC).timestamp() * 1e9)))}</p>",
-        f"<p class='lead'>{escape(stall_text(worst, stall_after_s))}</p>",
+        f"<p class='lead'>{escape(lead)}</p>",
         f"<p class='now'>{escape(now_text)}</p>",
         "<div class='tiles'>" + "".join(f"<div class='tile'><b>{v}</b>{escape(k)}</div>"
                                         for k, v in tiles) + "</div>",

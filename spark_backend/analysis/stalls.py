@@ -21,13 +21,15 @@ from .dag import range_end_ns
 DEFAULT_POINTS = 240
 
 _REPLAY_SQL = """
-WITH bounds AS (
-    SELECT coalesce($lo, epoch_ns(min(start_ts))) AS lo,
-           coalesce($hi, epoch_ns(greatest(max(coalesce(end_ts, watermark)), max(read_to))))
-             AS hi
+WITH data AS (
+    SELECT epoch_ns(min(start_ts)) AS lo,
+           epoch_ns(greatest(max(coalesce(end_ts, watermark)), max(read_to))) AS hi
     FROM partitions WHERE stream = $stream),
-grid AS (
-    SELECT lo + (hi - lo) * i // $n AS t_ns
+bounds AS (  -- the range asked for, within the time the stream's partitions cover
+    SELECT greatest(coalesce($lo, lo), lo) AS lo, least(coalesce($hi, hi), hi) AS hi
+    FROM data),
+grid AS (  -- 128-bit steps: (hi - lo) * i may pass 64 bits over a range of decades
+    SELECT CAST(lo + CAST(hi - lo AS HUGEINT) * i // $n AS BIGINT) AS t_ns
     FROM bounds, range(1, $n + 1) r(i) WHERE lo IS NOT NULL AND hi > lo),
 alive AS (
     SELECT g.t_ns, p.token, epoch_ns(p.start_ts) AS start_ns
@@ -50,8 +52,9 @@ ORDER BY a.t_ns, a.token
 def watermark_replay(con: duckdb.DuckDBPyConnection, stream: str, points: int = DEFAULT_POINTS,
                      start_ns: int | None = None, end_ns: int | None = None) -> pd.DataFrame:
     """Every partition's watermark at each of ``points`` moments over ``[start_ns, end_ns]``
-    (default: the covered range). One row per (t_ns, partition alive at t): watermark_ns is its
-    latest progress mark at or before t (its start when it has none yet)."""
+    within the time the stream's partitions cover (default: all of it). One row per (t_ns,
+    partition alive at t): watermark_ns is its latest progress mark at or before t (its start
+    when it has none yet)."""
     return con.execute(_REPLAY_SQL, {"stream": stream, "n": max(2, int(points)),
                                      "lo": start_ns, "hi": end_ns}).df()
 
