@@ -1,4 +1,12 @@
-"""Shared fixtures: environment for local endpoints, a real local Spark session, the emulator."""
+"""Shared fixtures: environment for local endpoints, a real local Spark session, the emulator.
+
+Tiers: ``pytest`` runs every test; ``pytest -m "not slow"`` leaves out the tests that start a JVM
+(Spark), the Cloud Spanner emulator or a browser. Such a test must say so with
+``@pytest.mark.slow`` (or a module's ``pytestmark``). In the fast tier,
+:mod:`tests.support.tier_guard` fails an unmarked test that asks for the ``spark`` or
+``emulator_binary`` fixture or starts java, the emulator or chromium, so a mis-marked test
+cannot slip into it unnoticed.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +14,8 @@ import os
 import sys
 
 import pytest
+
+from tests.support import tier_guard
 
 # Local endpoints: no metrics export (or every process waits 30 s to exit), Spark on loopback.
 os.environ.setdefault("SPANNER_DISABLE_BUILTIN_METRICS", "true")
@@ -16,9 +26,36 @@ os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 os.environ.pop("SPANNER_EMULATOR_HOST", None)
 
 
+def pytest_configure(config):
+    tier_guard.configure(config)
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_protocol(item, nextitem):
+    """A test not marked slow runs with the tripwires set (its fixtures' setup included)."""
+    if not tier_guard.guards(item):
+        return (yield)
+    with tier_guard.tripwires(item):
+        return (yield)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    tier_guard.check_fixtures(item)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A test not marked slow that started a JVM, the emulator or a browser fails, naming it."""
+    report = yield
+    tier_guard.fail_report_if_tripped(item, report)
+    return report
+
+
 @pytest.fixture(scope="session")
 def spark():
-    """The project's own Spark session (local[*], 127.0.0.1), data sources registered."""
+    """The project's own Spark session (local[*], 127.0.0.1), data sources registered; one per
+    test process, shared by every module (a test asking for it must be marked slow)."""
     from spark_backend.spark.session import spark_session
 
     session = spark_session()

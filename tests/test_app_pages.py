@@ -1,5 +1,9 @@
 """Every page under AppTest on the demo cache: what the page shows, checked against the demo
-world's ground truth; bad input shows a message in place and the app keeps working."""
+world's ground truth; bad input shows a message in place and the app keeps working.
+
+The demo cache is landed without Spark (``land_world``: the world's recording as record rows,
+what a complete demo pull lands); the pull itself, through Spark, is tested in
+tests/test_pull_demo.py and here by the Sources page's demo pull (marked slow)."""
 
 from __future__ import annotations
 
@@ -17,7 +21,7 @@ from spark_backend import analysis
 from spark_backend.cache.store import Cache
 from spark_backend.demo.world import build_world
 from spark_backend.model.errors import BadInput
-from tests.support.demo_cache import DEMO_SCALE, DEMO_SEED, pull_demo
+from tests.support.demo_cache import DEMO_SCALE, DEMO_SEED, land_world
 
 MAIN = str(Path(__file__).resolve().parent.parent / "app" / "main.py")
 
@@ -28,8 +32,11 @@ def world():
 
 
 @pytest.fixture(scope="module")
-def demo_cache(tmp_path_factory) -> str:
-    return pull_demo(str(tmp_path_factory.mktemp("app") / "demo.duckdb"))
+def demo_cache(tmp_path_factory, world) -> str:
+    path = str(tmp_path_factory.mktemp("app") / "demo.duckdb")
+    with Cache(path) as cache:
+        land_world(cache, world)
+    return path
 
 
 @pytest.fixture(scope="module")
@@ -375,6 +382,7 @@ def test_the_field_attribute_wins_over_the_words(tmp_path, monkeypatch):
     assert pulling.error_field(BadInput("x", field="stream"), files) == "stream"
 
 
+@pytest.mark.slow  # the demo pull runs in Spark
 def test_demo_pull_uses_the_shared_demo_server(tmp_path, world):
     from app import resources
 

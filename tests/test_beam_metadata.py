@@ -17,7 +17,7 @@ from spark_backend.model import config
 from spark_backend.model.errors import BadInput
 from tests.support.beam import create_sample_metadata_table
 
-pytestmark = pytest.mark.emulator
+pytestmark = [pytest.mark.slow, pytest.mark.emulator]
 PROJECT, INSTANCE, DATABASE, TABLE = "beam-project", "beam-instance", "pipeline", "MetadataTable"
 S = 1_000_000_000
 

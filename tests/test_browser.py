@@ -28,7 +28,7 @@ import pytest
 from spark_backend.model.timestamps import format_ns
 from tests.support.demo_cache import land_world, pull_demo
 
-pytestmark = pytest.mark.browser
+pytestmark = [pytest.mark.slow, pytest.mark.browser]
 
 ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM = "/usr/bin/chromium"

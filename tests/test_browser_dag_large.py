@@ -25,7 +25,7 @@ from tests.test_browser import (  # noqa: F401  (fixtures)
     server,
 )
 
-pytestmark = pytest.mark.browser
+pytestmark = [pytest.mark.slow, pytest.mark.browser]
 
 STREAM, SIZE = "Big8000", 8000
 FACTS: dict = {}

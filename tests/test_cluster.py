@@ -27,6 +27,8 @@ from spark_backend.demo.world import build_world
 from tests.support.cluster import standalone_cluster, unshare_missing
 from tests.test_pull_demo import assert_equals_world
 
+pytestmark = pytest.mark.slow  # Spark in this process, or in the processes it starts
+
 ROOT = Path(__file__).resolve().parent.parent
 SPARK_NOISE = ("WARN", "INFO", "ERROR", "Exception", "\tat ", "log4j", "SLF4J", "Traceback",
                "py4j", "NativeCodeLoader", "Setting default log level")

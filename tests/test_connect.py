@@ -16,6 +16,8 @@ from tests.support.cluster import connect_server, free_port
 from tests.test_cluster import assert_no_spark_output, cli
 from tests.test_pull_demo import assert_equals_world
 
+pytestmark = pytest.mark.slow  # Spark in this process, or in the processes it starts
+
 ROOT = Path(__file__).resolve().parent.parent
 
 

@@ -20,7 +20,7 @@ os.environ.setdefault("SPANNER_DISABLE_BUILTIN_METRICS", "true")
 from spark_backend.demo import emulator as em
 from tests.support.emulator_queries import query_change_stream
 
-pytestmark = pytest.mark.emulator
+pytestmark = [pytest.mark.slow, pytest.mark.emulator]
 
 DIALECTS = ["googlesql", "postgresql"]
 UTC = dt.UTC

@@ -20,7 +20,7 @@ from spark_backend.spanner import connect
 from tests.conftest import require_emulator
 from tests.support.connect_usage import worker_usage
 
-pytestmark = pytest.mark.emulator
+pytestmark = [pytest.mark.slow, pytest.mark.emulator]
 
 
 @pytest.fixture(scope="module")

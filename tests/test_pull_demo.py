@@ -12,6 +12,8 @@ from spark_backend.cache.store import Cache
 from spark_backend.demo.world import build_world
 from spark_backend.jobs.pull import PullRequest, run_pull
 
+pytestmark = pytest.mark.slow  # Spark in this process, or in the processes it starts
+
 HEARTBEAT_MS = 10_000
 
 

@@ -17,6 +17,8 @@ from spark_backend.jobs.pull import PullRequest, run_pull
 from spark_backend.model import config
 from tests.test_pull_demo import _descendants, cached_records, truth_records
 
+pytestmark = pytest.mark.slow  # Spark in this process, or in the processes it starts
+
 SMALL = 0.3
 
 

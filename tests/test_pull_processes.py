@@ -26,6 +26,8 @@ from spark_backend.cache.store import Cache
 from spark_backend.jobs.pull import PullRequest, run_pull
 from spark_backend.spark.session import spark_session, warm_up
 
+pytestmark = pytest.mark.slow  # Spark in this process, or in the processes it starts
+
 received = []  # the rows of each packed row the driver took from Spark
 taken = pull.packed_rows
 def spy(batches):

@@ -13,7 +13,9 @@ import pytest
 from spark_backend.cache.store import Cache
 from spark_backend.model.records import from_change_record, partition_end, to_arrow_batch
 from spark_backend.model.timestamps import parse_ns
+from spark_backend.spanner import workflow
 from spark_backend.spanner.workflow import _Workflow
+from tests.support.waiting import ThreadClock, wait_until
 
 T0 = parse_ns("2022-05-01T09:00:01Z")
 T_MERGE = parse_ns("2022-05-01T09:30:15Z")
@@ -160,14 +162,23 @@ def test_row_budget_stops_at_a_timestamp_and_the_next_wave_continues_right_after
     cache.close()
 
 
-def _budget_runs_out_during_a_wait(flow_box: list, wait_s: float):
+@pytest.fixture
+def clock(monkeypatch) -> ThreadClock:
+    """The workflow's clock, moved only by a test's row source: how long a row took to come is
+    what the source says, whatever the machine's load."""
+    clock = ThreadClock()
+    monkeypatch.setattr(workflow, "time", clock)
+    return clock
+
+
+def _budget_runs_out_during_a_wait(flow_box: list, clock: ThreadClock, wait_s: float):
     """Heartbeats 09:01, 09:02, ...: the task's budget runs out while the read waits for the
     third (a large row in many responses, say); the rest come at once."""
     def read(token, start_ns):
         for m in range(1, 60):
             if m == 3:
                 flow_box[0].stopping.set()
-                time.sleep(wait_s)
+                clock.advance(wait_s)
             yield from_change_record(_heartbeat(_ts(m)), token)
         yield partition_end(token, "open", END, read_from=start_ns)
     return read
@@ -180,14 +191,12 @@ def _flow(read_for, **kw) -> list:
 
 
 def test_a_read_keeps_the_row_it_waited_for_and_stops_at_one_that_came_with_another(
-        monkeypatch):
+        monkeypatch, clock):
     """The budget ran out while the read waited for a row: that row is passed on (stopping
     there would have the source send it again, all of it), and the read stops at the next new
     timestamp, which came in the same response."""
-    from spark_backend.spanner import workflow
-
     monkeypatch.setattr(workflow, "WAITED_S", 0.2)
-    rows = _flow(lambda box: _budget_runs_out_during_a_wait(box, 0.5), keep_seconds=30)
+    rows = _flow(lambda box: _budget_runs_out_during_a_wait(box, clock, 0.5), keep_seconds=30)
     assert [r["ts_ns"] for r in rows if r["kind"] == "heartbeat"] == [
         parse_ns(_ts(m)) for m in (1, 2, 3)]
     assert rows[-1]["kind"] == "partition_end" and rows[-1]["ts_ns"] == parse_ns(_ts(3))
@@ -195,22 +204,20 @@ def test_a_read_keeps_the_row_it_waited_for_and_stops_at_one_that_came_with_anot
                                              "stopped": "budget", "arrival": 0}
 
 
-def test_a_stopped_read_keeps_waited_rows_only_within_its_bounds(monkeypatch):
+def test_a_stopped_read_keeps_waited_rows_only_within_its_bounds(monkeypatch, clock):
     """No time to keep waited rows (``keep_seconds`` 0), or a row that took too long (a quiet
     partition): the read stops at the first new timestamp, as without the rule. A source whose
     every row makes the read wait cannot keep a stopped task going past an eighth over its row
     budget."""
-    from spark_backend.spanner import workflow
-
     monkeypatch.setattr(workflow, "WAITED_S", 0.2)
-    rows = _flow(lambda box: _budget_runs_out_during_a_wait(box, 0.5), keep_seconds=0)
+    rows = _flow(lambda box: _budget_runs_out_during_a_wait(box, clock, 0.5), keep_seconds=0)
     assert [r["ts_ns"] for r in rows if r["kind"] == "heartbeat"] == [
         parse_ns(_ts(m)) for m in (1, 2)]
     assert json.loads(rows[-1]["extra"])["stopped"] == "budget"
 
     # A row that took WAITED_MAX_S or longer came from a quiet partition: not kept either.
     monkeypatch.setattr(workflow, "WAITED_MAX_S", 0.3)
-    rows = _flow(lambda box: _budget_runs_out_during_a_wait(box, 0.5), keep_seconds=30)
+    rows = _flow(lambda box: _budget_runs_out_during_a_wait(box, clock, 0.5), keep_seconds=30)
     assert [r["ts_ns"] for r in rows if r["kind"] == "heartbeat"] == [
         parse_ns(_ts(m)) for m in (1, 2)]
 
@@ -496,96 +503,31 @@ def _numbered(token, closed: list, n: int = 50, stop_at: int | None = None, flow
         closed.append(token)
 
 
-def test_a_parked_read_goes_on_boundedly_and_the_next_task_takes_it_over(monkeypatch):
-    """A read stopped at its budget is parked: it reads on into at most PARK_ROWS rows, and
-    the next task that continues the partition from there gets those and the rest of the
-    same read, numbered as a new query's (from 1) and, parked again, again."""
-    from spark_backend.spanner import workflow
-
-    monkeypatch.setattr(workflow, "PARK_ROWS", 10)
-    lot = workflow._Lot()
+def test_a_read_stopped_at_its_budget_is_closed_and_nothing_is_kept_for_the_next_task():
+    """A task is stateless (a data source reader's ``read()``): the read it stopped at its
+    budget is closed, and the next task continues the partition with a query of its own."""
     closed: list = []
     box: list = []
-    key = lambda token, start: (token, start)  # noqa: E731
-
-    def park(token, start, rows, row):
-        lot.park(key(token, start), rows, row)
-
     box.append(_Workflow(lambda t, s: _numbered(t, closed, stop_at=4, flow=box), 1, True,
-                         keep_seconds=0, park=park))
-    first = list(box[0].rows([("p", T0)]))
-    assert [r["line"] for r in first if r["kind"] == "heartbeat"] == [1, 2, 3]
-    resume = parse_ns(_ts(3)) + 1
-    time.sleep(0.3)
-    assert len(lot.parked[("p", resume)].pending) == 10 and not closed  # bounded, open
-    taken = lot.take(("p", resume))
-    assert [next(taken)["line"] for _ in range(3)] == [1, 2, 3]  # rows 4, 5, 6 of the read
-    lot.park(("p", parse_ns(_ts(6)) + 1), taken, next(taken))  # row 7: parked again
-    again = lot.take(("p", parse_ns(_ts(6)) + 1))
-    rest = list(again)
-    assert [r["line"] for r in rest] == list(range(1, 45))
-    assert [r["ts_ns"] for r in rest] == [parse_ns(_ts(m)) for m in range(7, 51)]
-    assert lot.counts == {"parked": 2, "taken": 2} and lot.rows == 0
-
-
-def test_a_parked_read_nobody_takes_is_closed(monkeypatch):
-    from spark_backend.spanner import workflow
-
-    monkeypatch.setattr(workflow, "PARK_SECONDS", 0.2)
-    lot = workflow._Lot()
-    closed: list = []
-    rows = _numbered("p", closed)
-    lot.park(("p", 1), rows, next(rows))
-    time.sleep(0.6)
-    assert closed == ["p"] and lot.counts["closed"] == 1 and not lot.parked and lot.rows == 0
-    assert lot.take(("p", 1)) is None
-
-
-def test_a_parked_read_whose_reader_fails_hands_on_its_rows_then_the_error(monkeypatch):
-    """A reader that raises while parked (a bug: the reader ends a failing partition with a
-    row): the taker gets the rows read, then the error; one nobody takes is closed, and the
-    rows it held no longer count against the process's bound."""
-    from spark_backend.spanner import workflow
-
-    monkeypatch.setattr(workflow, "PARK_SECONDS", 0.3)
-
-    def failing(closed):
-        try:
-            for line in range(1, 4):
-                yield {**from_change_record(_heartbeat(_ts(line)), "p"), "line": line}
-            raise RuntimeError("reader bug")
-        finally:
-            closed.append("p")
-
-    lot = workflow._Lot()
-    closed: list = []
-    rows = failing(closed)
-    lot.park(("p", 1), rows, next(rows))
-    time.sleep(0.1)
-    taken = lot.take(("p", 1))
-    assert [next(taken)["line"] for _ in range(3)] == [1, 2, 3]
-    with pytest.raises(RuntimeError, match="reader bug"):
-        next(taken)
-    assert lot.rows == 0
-    rows = failing(closed)
-    lot.park(("p", 2), rows, next(rows))
-    time.sleep(0.6)
-    assert lot.counts["closed"] == 1 and not lot.parked and lot.rows == 0
+                         keep_seconds=0))
+    rows = list(box[0].rows([("p", T0)]))
+    assert closed == ["p"]
+    end = json.loads(rows[-1]["extra"])
+    assert rows[-1]["kind"] == "partition_end" and end["stopped"] == "budget"
+    assert not [name for name in vars(workflow) if "park" in name.lower()]
 
 
 def test_reads_hand_their_rows_on_in_lists_in_order_each_ending_where_the_source_made_it_wait(
-        monkeypatch):
+        monkeypatch, clock):
     """A task's consumer mostly waits for rows: a read hands them on in lists of at most
     ``HAND_ON_ROWS``, and what it gathered as soon as a row made it wait for the source, not
     one by one. Every row arrives once, each partition's in its order, its end row last."""
-    from spark_backend.spanner import workflow
-
     monkeypatch.setattr(workflow, "WAITED_S", 0.05)
 
     def read(token, start_ns):
         for m in range(1, 41):
             if m == 8:  # a new response: the seven rows before go on as one list
-                time.sleep(0.1)
+                clock.advance(0.1)
             yield from_change_record(_heartbeat(_ts(m)), token)
         yield partition_end(token, "open", END, read_from=start_ns)
 
