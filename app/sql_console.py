@@ -1,47 +1,65 @@
-"""The SQL console: any read-only query on the cache, made safe by DuckDB itself.
+"""The SQL console: any read-only query on the cache, where it cannot hurt the dashboard.
 
-Design (issue 11): every connection to a cache runs with DuckDB's own guards
-(``spark_backend.cache.store.LOCKED_DOWN``: ``enable_external_access=false``,
-``autoinstall_known_extensions=false``, ``autoload_known_extensions=false``,
-``lock_configuration=true``, no Python replacement scans). The cache needs none of what they
-forbid (batches arrive as Arrow; staged Parquet is read with pyarrow), so the console runs on a
-cursor of the very instance the dashboard holds open read-write. A second connection with other
-settings to the same file is refused by DuckDB in one process, and a read-only connection from
-another process is refused while the dashboard holds the file: a locked-down cache is the
-design that works while a pull is running. What the console adds:
+Design:
 
-- a ``READ ONLY`` transaction (DuckDB refuses every write in it),
-- a time limit (``con.interrupt()`` from a timer) and a row cap (a ``LIMIT`` on the relation,
-  so a huge cross join stops early),
-- a statement check that only *explains*: one statement, and a kind that reads (SELECT, WITH,
-  DESCRIBE, SHOW, SUMMARIZE, PIVOT, UNPIVOT, EXPLAIN, CALL, PRAGMA). Files, URLs, other
-  databases and extensions are refused by DuckDB, whatever the query construct; its refusal is
-  turned into one sentence here.
+- **Where it runs.** Not in the dashboard's process: a query that aborts DuckDB, exhausts
+  memory or ignores interrupts would take the server (and any pull it runs) down with it. Each
+  query runs in a worker process of its own (``app.console_process``, ``app/console_child.py``)
+  on a read-only snapshot of the cache (``app.console_snapshot``: copied when the cache changed,
+  kept in a private temporary folder), with DuckDB's guards (no file, URL, database or
+  extension; a locked configuration) and the kernel's limits (address space, CPU seconds, no
+  file written). A setting, a log or a checkpoint a query manages to change is the worker's
+  own and ends with it; the worker's output never reaches the server's log.
+- **What is accepted,** by DuckDB's own parse (``duckdb.extract_statements``,
+  ``duckdb.tokenize``, ``json_serialize_sql``): one statement, of type SELECT (WITH,
+  DESCRIBE, SHOW, SUMMARIZE, PIVOT, UNPIVOT, FROM-first and PRAGMA queries parse as SELECT), or
+  EXPLAIN [ANALYZE] of one; no table function that changes state (checkpoints, logging) or runs
+  other SQL. Files, URLs and extensions are refused by DuckDB itself, whatever the construct.
+- **Bounds,** each with its own sentence: wall-clock time (the worker is killed at the
+  deadline), memory (``RLIMIT_AS``, DuckDB's ``memory_limit`` within it), rows and result bytes.
+- The connection the dashboard hands over must itself be locked down (``REQUIRED_SETTINGS``);
+  the snapshot is read on a cursor of it in one read-only transaction.
 """
 
 from __future__ import annotations
 
 import json
 import re
-import threading
 from dataclasses import dataclass
 from typing import Any
 
 import duckdb
 import pandas as pd
 
+from . import console_process, console_snapshot
+
 MAX_ROWS = 10_000
 MAX_SECONDS = 15.0
+MAX_MEMORY_BYTES = 1 << 30
+MAX_RESULT_BYTES = 32 << 20
 
-# What must hold on the connection the console runs on (checked before every query).
+# What must hold on the connection the console reads the cache through.
 REQUIRED_SETTINGS = {
     "enable_external_access": False,
     "autoinstall_known_extensions": False,
     "autoload_known_extensions": False,
     "lock_configuration": True,
 }
-_READING = {duckdb.StatementType.SELECT, duckdb.StatementType.EXPLAIN, duckdb.StatementType.CALL}
-_PIVOT = re.compile(r"^\s*(pivot|pivot_wider|unpivot|pivot_longer)\b", re.IGNORECASE)
+ACCEPTED = "use SELECT, WITH, DESCRIBE, SHOW, SUMMARIZE, PIVOT or EXPLAIN"
+# Table functions that change state (checkpoints, logging) or run SQL of their own; any
+# other built-in one only reads (those that read files are refused by DuckDB itself).
+STATEFUL_FUNCTIONS = frozenset({
+    "checkpoint", "force_checkpoint", "enable_logging", "disable_logging",
+    "truncate_duckdb_logs", "copy_database", "json_execute_serialized_sql", "query",
+    "query_table", "python_map_function", "pandas_scan", "arrow_scan", "arrow_scan_dumb",
+})
+# What DuckDB's statement types are called in a refusal, where the type hides the keyword.
+_KIND_WORDS = {
+    duckdb.StatementType.CALL: "CALL (and CHECKPOINT)",
+    duckdb.StatementType.SET: "SET (and RESET, USE)",
+    duckdb.StatementType.VACUUM: "VACUUM (and ANALYZE)",
+}
+_GENERATED = (duckdb.StatementType.CREATE, duckdb.StatementType.TRANSACTION)
 _FILE_FUNCTION = re.compile(
     r"^(read_.*|.*_scan|glob|sniff_csv|parquet_.*|load_.*|install_.*|http_.*|"
     r"iceberg_.*|delta_.*|sqlite_.*|postgres_.*|mysql_.*)$"
@@ -84,7 +102,15 @@ class Refused(ValueError):
 
 
 class TimedOut(Refused):
-    """The query ran past the console's time limit and was interrupted."""
+    """The query ran past the console's time limit; its worker was killed."""
+
+
+class TooMuchMemory(Refused):
+    """The query needed more memory than the console's worker may use."""
+
+
+class TooLarge(Refused):
+    """The query's answer is larger than the console may send to the browser."""
 
 
 @dataclass
@@ -94,57 +120,132 @@ class Result:
 
 
 def check(sql: str) -> str:
-    """The one statement to run, or Refused with one sentence (explains; DuckDB enforces)."""
+    """The one read statement to run, or Refused with one sentence (by DuckDB's own parse)."""
     text = (sql or "").strip().rstrip(";").strip()
     if not text:
         raise Refused("Write a query first, e.g. SELECT * FROM partitions LIMIT 10.")
-    try:
-        statements = duckdb.extract_statements(text)
-    except duckdb.Error as e:
-        raise Refused(f"The query does not parse: {_first_line(e)}") from e
-    # A PIVOT without an IN list comes with statements DuckDB generates (an ENUM of the
-    # values, then the query); they carry no text of their own.
-    written = [s for s in statements if s.query.strip()]
-    if len(written) > 1:
+    statements = _parse(text)
+    if len([s for s in statements if s.query.strip()]) > 1:
         raise Refused("Run one statement at a time.")
-    kind = statements[-1].type
-    if kind in _READING or (kind == duckdb.StatementType.CREATE and _PIVOT.match(text)):
-        return text
-    raise Refused(
-        f"The console is read-only: {kind.name} statements are refused; use SELECT, WITH, "
-        "DESCRIBE, SHOW, SUMMARIZE, PIVOT or EXPLAIN."
-    )
+    kind, query = _principal(statements), text
+    if kind == duckdb.StatementType.EXPLAIN:
+        query = _explained(text)
+        kind = _principal(_parse(query)) if query else kind
+    if kind != duckdb.StatementType.SELECT:
+        raise Refused(f"The console is read-only: {_KIND_WORDS.get(kind, kind.name)} "
+                      f"statements are refused; {ACCEPTED}.")
+    stateful = [f"{n}()" for n in _table_functions(query) if n.lower() in STATEFUL_FUNCTIONS]
+    if stateful:
+        raise Refused(f"The console only reads: {', '.join(stateful)} changes the database's "
+                      f"state or runs other SQL, and is refused; {ACCEPTED}.")
+    return text
 
 
 def run(con: duckdb.DuckDBPyConnection, sql: str, max_rows: int = MAX_ROWS,
-        max_seconds: float = MAX_SECONDS) -> Result:
-    """Run one read-only statement on a locked-down cache cursor.
+        max_seconds: float = MAX_SECONDS, max_memory: int = MAX_MEMORY_BYTES,
+        max_bytes: int = MAX_RESULT_BYTES) -> Result:
+    """Run one read statement on a snapshot of the cache ``con`` is a locked-down cursor of.
 
-    At most ``max_rows`` rows come back; the query is interrupted after ``max_seconds``.
-    Every failure is ``Refused`` (``TimedOut`` for the time limit) with one sentence.
+    It runs in a worker process (never in this one): at most ``max_rows`` rows and
+    ``max_bytes`` bytes of answer come back, the worker may use ``max_memory`` bytes of
+    address space and is killed after ``max_seconds``. Every failure is ``Refused`` (a subclass
+    per limit) with one sentence.
     """
     text = check(sql)
     _require_locked_down(con)
-    timer = threading.Timer(max_seconds, con.interrupt)
-    con.execute("BEGIN TRANSACTION READ ONLY")
-    timer.start()
+    limits = console_process.Limits(seconds=max_seconds, memory_bytes=max_memory,
+                                    result_bytes=max_bytes, max_rows=max_rows)
     try:
-        rel = con.sql(text)
-        if rel is None:
-            columns, rows = [], []
-        else:
-            columns = list(rel.columns)
-            rows = rel.limit(max_rows + 1).fetchall()
+        with console_snapshot.lease(con) as db:
+            outcome = console_process.run(db, text, limits)
+    except (duckdb.Error, OSError) as e:
+        raise Refused(f"The console could not prepare its copy of the cache ({_first_line(e)}); "
+                      "try again once the disk or the cache is available.") from e
+    if outcome.status != "result":
+        raise _refusal(outcome, text, limits)
+    table = outcome.table
+    table = table.rename_columns(_unique(table.column_names))
+    frame = table.slice(0, max_rows).to_pandas()
+    return Result(frame, truncated=table.num_rows > max_rows)
+
+
+def _parse(text: str) -> list:
+    try:
+        return duckdb.extract_statements(text)
     except duckdb.Error as e:
-        raise _explain(e, text, max_seconds) from e
-    finally:
-        timer.cancel()
-        try:
-            con.execute("ROLLBACK")
-        except duckdb.Error:
-            pass  # the transaction already ended (e.g. interrupted)
-    frame = pd.DataFrame(rows[:max_rows], columns=_unique(columns))
-    return Result(frame, truncated=len(rows) > max_rows)
+        raise Refused(f"The query does not parse: {_first_line(e)}") from e
+
+
+def _principal(statements: list) -> duckdb.StatementType:
+    """The type of the one statement written: a PIVOT without an IN list comes with
+    statements DuckDB generates (an ENUM of the values; around an EXPLAIN, a transaction) that
+    carry no text of their own."""
+    main = [s for s in statements if s.query.strip() or s.type not in _GENERATED]
+    return main[0].type if len(main) == 1 else duckdb.StatementType.MULTI
+
+
+def _explained(text: str) -> str:
+    """The statement an EXPLAIN explains: the text after EXPLAIN, its ANALYZE/VERBOSE words and
+    its (options), by DuckDB's tokenizer."""
+    tokens = duckdb.tokenize(text)
+    words = [(pos, text[pos:end].strip()) for (pos, _), end in
+             zip(tokens, [p for p, _ in tokens[1:]] + [len(text)], strict=True)]
+    i, depth = 1, 0
+    while i < len(words):
+        word = words[i][1]
+        if word == "(":
+            depth += 1
+        elif word == ")":
+            depth -= 1
+        elif depth == 0 and word.upper() not in ("ANALYZE", "ANALYSE", "VERBOSE"):
+            return text[words[i][0]:]
+        i += 1
+    return ""
+
+
+def _table_functions(text: str) -> list[str]:
+    """The table functions a SELECT calls, by DuckDB's own parse (none if it cannot say)."""
+    names = []
+    for node in _nodes(_tree(text)):
+        if node.get("type") == "TABLE_FUNCTION":
+            name = str((node.get("function") or {}).get("function_name", ""))
+            if name and name not in names:
+                names.append(name)
+    return names
+
+
+def _tree(text: str) -> Any:
+    try:
+        with duckdb.connect(":memory:", config=dict(REQUIRED_SETTINGS)) as parser:
+            return json.loads(parser.execute("SELECT json_serialize_sql(?)", [text]).fetchone()[0])
+    except (duckdb.Error, TypeError, ValueError):
+        return {}
+
+
+def _refusal(outcome: console_process.Outcome, text: str,
+             limits: console_process.Limits) -> Refused:
+    mb = limits.memory_bytes / (1 << 20)
+    if outcome.status == "timeout":
+        return TimedOut(
+            f"The query was stopped after {limits.seconds:g} s, the console's time limit; narrow "
+            "it with WHERE or LIMIT, or run it with the command line on a copy of the cache.")
+    if outcome.status == "memory":
+        return TooMuchMemory(
+            f"The query needs more than {mb:,.0f} MB of memory, the console's limit; narrow it "
+            "with WHERE or LIMIT, or aggregate before returning rows.")
+    if outcome.status == "too_large":
+        return TooLarge(
+            f"The answer is larger than {limits.result_bytes / (1 << 20):,.0f} MB, the most "
+            "the console shows; select fewer or narrower columns (e.g. left(text, 100)) or "
+            "fewer rows.")
+    if outcome.status == "crashed":
+        return Refused(
+            f"The query ended the console's worker process ({outcome.message}); the "
+            "dashboard is unaffected, and the query cannot run here.")
+    error = getattr(duckdb, outcome.kind, duckdb.Error)
+    if not (isinstance(error, type) and issubclass(error, duckdb.Error)):
+        error = duckdb.Error
+    return _explain(error(outcome.message), text)
 
 
 def _require_locked_down(con: duckdb.DuckDBPyConnection) -> None:
@@ -159,13 +260,9 @@ def _require_locked_down(con: duckdb.DuckDBPyConnection) -> None:
         )
 
 
-def _explain(e: duckdb.Error, text: str, max_seconds: float) -> Refused:
+def _explain(e: duckdb.Error, text: str) -> Refused:
+    """DuckDB's refusal of the query, as one sentence saying what is available instead."""
     first = _first_line(e)
-    if isinstance(e, duckdb.InterruptException):
-        return TimedOut(
-            f"The query was stopped after {max_seconds:g} s, the console's time limit; narrow "
-            "it with WHERE or LIMIT, or run it with the command line on a copy of the cache."
-        )
     if isinstance(e, duckdb.PermissionException):
         named = _file_functions(text)
         what = f"{', '.join(named)} is" if named else "files, URLs, other databases and " \
@@ -190,23 +287,13 @@ def _explain(e: duckdb.Error, text: str, max_seconds: float) -> Refused:
         return Refused("The console is read-only: statements that write are refused.")
     if "configuration has been locked" in first:
         return Refused("The console cannot change settings.")
-    if isinstance(e, duckdb.OutOfMemoryException):
-        return Refused(
-            "The query needs more memory than the cache may use (CSI_DUCKDB_MEMORY); narrow "
-            "it with WHERE or LIMIT."
-        )
     return Refused(f"The query failed: {first}")
 
 
 def _file_functions(text: str) -> list[str]:
     """Functions in the query that read outside the cache, by name (for the sentence)."""
-    try:
-        with duckdb.connect(":memory:", config=dict(REQUIRED_SETTINGS)) as parser:
-            tree = json.loads(parser.execute("SELECT json_serialize_sql(?)", [text]).fetchone()[0])
-    except (duckdb.Error, TypeError, ValueError):
-        return []
     names = []
-    for node in _nodes(tree):
+    for node in _nodes(_tree(text)):
         name = ""
         if node.get("type") == "TABLE_FUNCTION":
             name = str((node.get("function") or {}).get("function_name", ""))

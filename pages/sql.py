@@ -19,7 +19,9 @@ with main:
     example = st.selectbox("Examples", ["(write your own)", *sql_console.EXAMPLES], key="sql_ex")
     default = sql_console.EXAMPLES.get(example, "SELECT * FROM partitions LIMIT 20")
     sql = st.text_area("Query (read-only: SELECT, WITH, DESCRIBE, SHOW, SUMMARIZE, PIVOT, EXPLAIN; "
-                       f"at most {sql_console.MAX_SECONDS:g} s)",
+                       f"at most {sql_console.MAX_SECONDS:g} s, "
+                       f"{sql_console.MAX_MEMORY_BYTES >> 20:,} MB of memory and "
+                       f"{sql_console.MAX_RESULT_BYTES >> 20:,} MB of answer)",
                        value=default, height=180, key=f"sql_text_{example}")
     if st.button("Run", type="primary", key="sql_run") or example != "(write your own)":
         with resources.cursor(c.path) as con:
