@@ -208,6 +208,7 @@ def mutable_pull(request, spark, world, tmp_path_factory):
     cache.close()
 
 
+@pytest.mark.slow  # a pull through Spark
 def test_pull_equals_ground_truth(mutable_pull, world):
     cache, result, cuts, _ = mutable_pull
     assert result.status == "complete", result.error
@@ -228,6 +229,7 @@ def test_pull_equals_ground_truth(mutable_pull, world):
     assert len(txns) == len(world.transactions) and txns["complete"].all()
 
 
+@pytest.mark.slow  # a pull through Spark
 def test_dag_draws_key_range_moves_and_report_works(mutable_pull, world):
     cache, _, _, _ = mutable_pull
     edges = analysis.edges(cache.con, "DemoStream")
@@ -262,6 +264,7 @@ def test_dag_draws_key_range_moves_and_report_works(mutable_pull, world):
     assert dag_layout.to_svg(nodes, segments).count('stroke="#e37400"') == len(world.moves)
 
 
+@pytest.mark.slow  # a pull through Spark
 def test_recording_round_trip(mutable_pull, spark, tmp_path, world):
     cache, _, _, _ = mutable_pull
     out = tmp_path / "mutable.jsonl"
