@@ -229,13 +229,11 @@ def _query_key(sql: str, params: dict) -> bytes:
     """The key the demo server files a query's responses under (its own hashing)."""
     import hashlib
 
-    from google.cloud.spanner_v1._helpers import _make_value_pb
-    from google.protobuf.struct_pb2 import Struct
+    from spark_backend.spanner.reader import params_struct
 
     h = hashlib.blake2b(digest_size=8)
     h.update(sql.encode())
-    h.update(Struct(fields={k: _make_value_pb(v) for k, v in params.items()})
-             .SerializeToString(deterministic=True))
+    h.update(params_struct(params).SerializeToString(deterministic=True))
     return h.digest()
 
 

@@ -493,22 +493,22 @@ def test_report_json_keys(demo_pull):
     assert report["low_watermark"].endswith("Z")
 
 
-def test_spark_tasks_take_over_the_reads_the_tasks_before_them_stopped(spark, tmp_path,
-                                                                      monkeypatch):
-    """In Spark's reused Python workers, the next task continues a partition stopped at the
-    budget with the read itself: seen from the source, most stops cost no query, though the
-    tasks stopped reads again and again (without parked reads each stop is one query more)."""
+def test_each_task_is_stateless_and_every_stop_is_continued_by_a_query_of_its_own(
+        spark, tmp_path, monkeypatch):
+    """A task keeps nothing for the next one (a data source reader's ``read()`` is
+    stateless): seen from the source, every read a task stopped at its budget is continued by a
+    new query, and the pull still equals the world."""
     from spark_backend.demo.server import DemoServer
-    from spark_backend.jobs import pull
+    from spark_backend.jobs import pull_plan
 
     stops = []
-    task_ended = pull._Plan.task_ended
+    task_ended = pull_plan.Plan.task_ended
 
     def counted(self, roots, results):
         stops.extend(e for piece in results for e in piece.ends if e[2])
         return task_ended(self, roots, results)
 
-    monkeypatch.setattr(pull._Plan, "task_ended", counted)
+    monkeypatch.setattr(pull_plan.Plan, "task_ended", counted)
     world = build_world(seed=7, scale=SMALL)
     with DemoServer(world, latency_ms=1.0) as server:
         cache = Cache(tmp_path / "parked.duckdb")
@@ -519,5 +519,7 @@ def test_spark_tasks_take_over_the_reads_the_tasks_before_them_stopped(spark, tm
     assert result.status == "complete", result.error
     assert_equals_world(cache, "DemoStream", world, heartbeats=False)
     again = queries - 1 - len(world.partitions)  # beyond the initial query and one each
-    assert len(stops) > 20 and again <= len(stops) // 2, (again, len(stops))
+    # Every stop costs a query (more only where a query was retried): nothing read ahead was
+    # kept in a worker for the next task.
+    assert len(stops) > 20 and again >= len(stops), (again, len(stops))
     cache.close()

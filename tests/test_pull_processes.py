@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = r"""
 import json, os, sys, tempfile
 sys.path.insert(0, sys.argv[1])
-import spark_backend.jobs.pull as pull
+import spark_backend.jobs.pull_jobs as pull_jobs
 from spark_backend.cache.store import Cache
 from spark_backend.jobs.pull import PullRequest, run_pull
 from spark_backend.spark.session import spark_session, warm_up
@@ -29,12 +29,12 @@ from spark_backend.spark.session import spark_session, warm_up
 pytestmark = pytest.mark.slow  # Spark in this process, or in the processes it starts
 
 received = []  # the rows of each packed row the driver took from Spark
-taken = pull.packed_rows
+taken = pull_jobs.packed_rows
 def spy(batches):
     for piece in taken(batches):
         received.append(piece.rows)
         yield piece
-pull.packed_rows = spy
+pull_jobs.packed_rows = spy
 
 warm_up(spark_session())
 with tempfile.TemporaryDirectory() as tmp, Cache(os.path.join(tmp, "c.duckdb")) as cache:

@@ -13,7 +13,7 @@ import pytest
 
 from spark_backend.demo.server import DemoServer
 from spark_backend.demo.world import build_world
-from spark_backend.jobs.pull import _Plan
+from spark_backend.jobs.pull_plan import Plan
 from spark_backend.model.records import to_arrow_batch
 from spark_backend.spanner.connect import SpannerTarget, open_database
 from spark_backend.spanner.reader import read_partition_rows
@@ -45,7 +45,7 @@ def _data(rows) -> set[tuple]:
 
 
 def _budget_rounds(world, db, **kw) -> tuple[list[dict], int]:
-    plan = _Plan(set())  # the driver's planning of the next task, as in a pull
+    plan = Plan(set())  # the driver's planning of the next task, as in a pull
     plan.offer(_roots(db, world))
     rows: list[dict] = []
     rounds = 0
@@ -75,10 +75,10 @@ def test_partition_reads_reuse_sessions_one_per_read_in_progress(world):
 
 
 def test_reads_stopped_by_a_budget_give_their_sessions_back_and_continue(world):
-    """Closed at the stop (not parked: that is the next test), a read gives its session back."""
+    """Closed at the stop, a read gives its session back."""
     with DemoServer(world, latency_ms=1.0) as server:
         db = open_database(SpannerTarget("p", "i", "d", "googlesql", server.address))
-        rows, rounds = _budget_rounds(world, db, park_reads=False)
+        rows, rounds = _budget_rounds(world, db)
         counters = server.counters
     assert rounds > 3  # the budget stopped reads, which went on where they stopped
     assert any(r["kind"] == "partition_end" and '"budget"' in r["extra"] for r in rows)
@@ -102,28 +102,19 @@ def test_a_session_the_source_forgot_is_replaced(world):
     assert len(live) == 1
 
 
-def test_a_read_stopped_by_a_budget_is_taken_over_by_the_next_task_of_its_process(world):
-    """The next task in the process continues a stopped partition with the read itself (it
-    went on meanwhile), not with a new query: each partition is queried once, the rows are
-    the same, numbered on across the tasks; parked reads nobody takes are closed."""
-    from spark_backend.spanner import workflow
-
-    taken = workflow.PARKED.counts["taken"]
+def test_each_stop_is_continued_by_a_query_of_its_own_and_the_rows_number_on(world):
+    """Tasks keep nothing for each other: the next task continues a stopped partition with a
+    new query (the initial query, each partition once, then one more per stop); the rows are
+    all there once, and a partition's rows are numbered on across the tasks."""
     with DemoServer(world, latency_ms=1.0) as server:
         db = open_database(SpannerTarget("p", "i", "d", "googlesql", server.address))
         rows, rounds = _budget_rounds(world, db)
-        parked = server.counters["queries"]
-        again, rounds_again = _budget_rounds(world, db, park_reads=False)
-        fresh = server.counters["queries"] - parked
-    assert rounds > 3 and workflow.PARKED.counts["taken"] - taken > 3
-    assert _data(rows) == _data(again) and len(_data(rows)) == world.num_data_change_records
-    stops = sum(1 for r in again if r["kind"] == "partition_end" and '"budget"' in r["extra"])
-    # The initial query, then each partition once; without parking once more per stop.
-    assert parked == 1 + len(world.partitions)
-    assert fresh == 1 + len(world.partitions) + stops and stops > 3
-    for got in (rows, again):  # one sequence per partition: 1, 2, 3, ...
-        lines: dict[str, list[int]] = {}
-        for r in got:
-            if r["kind"] in ("data_change", "heartbeat", "child_partitions"):
-                lines.setdefault(r["partition_token"], []).append(r["line"])
-        assert all(seq == list(range(1, len(seq) + 1)) for seq in lines.values())
+        queries = server.counters["queries"]
+    assert rounds > 3 and len(_data(rows)) == world.num_data_change_records
+    stops = sum(1 for r in rows if r["kind"] == "partition_end" and '"budget"' in r["extra"])
+    assert stops > 3 and queries == 1 + len(world.partitions) + stops
+    lines: dict[str, list[int]] = {}  # one sequence per partition: 1, 2, 3, ...
+    for r in rows:
+        if r["kind"] in ("data_change", "heartbeat", "child_partitions"):
+            lines.setdefault(r["partition_token"], []).append(r["line"])
+    assert all(seq == list(range(1, len(seq) + 1)) for seq in lines.values())

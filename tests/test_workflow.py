@@ -15,7 +15,7 @@ from spark_backend.model.records import from_change_record, partition_end, to_ar
 from spark_backend.model.timestamps import parse_ns
 from spark_backend.spanner import workflow
 from spark_backend.spanner.workflow import _Workflow
-from tests.support.waiting import ThreadClock, wait_until
+from tests.support.waiting import ThreadClock
 
 T0 = parse_ns("2022-05-01T09:00:01Z")
 T_MERGE = parse_ns("2022-05-01T09:30:15Z")
@@ -259,13 +259,13 @@ def _arrived(batches: list) -> list:
 
 
 def test_the_driver_plans_the_next_task_from_a_tasks_results_as_the_cache_would(tmp_path):
-    """The driver starts the next task from a task's results before they land (``_Plan``):
+    """The driver starts the next task from a task's results before they land (``pull_plan.Plan``):
     a partition stopped for the budget continues right after its last timestamp (what the
     cache's frontier says once they landed), a root the task never started is read from its
     start, and a merge child whose parents two tasks read waits for both of them."""
-    from spark_backend.jobs.pull import _Plan
+    from spark_backend.jobs.pull_plan import Plan
 
-    plan = _Plan(finished=set())
+    plan = Plan(finished=set())
     plan.offer([("child_token_1", T0), ("child_token_2", T0), ("child_token_3", T0)])
     first = plan.take()
     assert plan.reading == {"child_token_1", "child_token_2", "child_token_3"}
@@ -556,10 +556,10 @@ def test_a_task_told_a_parent_finished_before_reads_the_merge_child_itself_once(
     (``finished``): the task that finishes the last parent reads the merge child at once,
     exactly once, and the driver's plan and the cache then neither wait for it nor read it
     again. The task told nothing leaves it to the next wave (the test above)."""
-    from spark_backend.jobs.pull import _Plan
+    from spark_backend.jobs.pull_plan import Plan
     from spark_backend.spark.datasource import SpannerChangeStreamDataSourceReader
 
-    plan = _Plan(finished=set())
+    plan = Plan(finished=set())
     plan.offer([("child_token_1", T0), ("child_token_2", T0), ("child_token_3", T0)])
     first = plan.take()
     a = _task_a()  # 1 stopped for its budget, 2 finished: the merge waits for 3

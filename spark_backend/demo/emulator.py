@@ -446,7 +446,7 @@ def provision(
     try:
         db.create().result(timeout=60)
     except AlreadyExists:
-        _check_existing(inst, database, dialect, stream)
+        _check_existing(inst, project, database, dialect, stream)
         return
     if dialect == "postgresql":
         db.update_ddl(ddl).result(timeout=60)
@@ -472,10 +472,11 @@ def open_database(host: str, project: str, instance: str, database: str, dialect
     return connect.open_database(SpannerTarget(project, instance, database, dialect, host))
 
 
-def _check_existing(inst: Any, database: str, dialect: Dialect, stream: str) -> None:
+def _check_existing(inst: Any, project: str, database: str, dialect: Dialect,
+                    stream: str) -> None:
     db = inst.database(database)
     found = database_dialect_of(db)
-    name = f"projects/{inst._client.project}/instances/{inst.instance_id}/databases/{database}"
+    name = f"projects/{project}/instances/{inst.instance_id}/databases/{database}"
     if found != dialect:
         raise EmulatorProvisionError(f"{name} already exists with dialect {found}, not {dialect}")
     db.reload()

@@ -7,23 +7,27 @@ few seconds; from a task's results the driver starts the next task at once and l
 in the cache, one transaction per task, on a thread of its own (``_read_all``). The cache
 remembers every partition's state, so a pull that stopped half-way (a crash, a
 failing partition) is resumed by pulling again, and a later end reads only the new span.
+
+Its parts: the source is opened through one interface (``pull_sources``), the driver's
+knowledge of the partitions is ``pull_plan``, the Spark jobs are ``pull_jobs``; the landing
+(``_Lander``) and the orchestration are here.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import functools
 import json
-import os
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import duckdb
 
 from spark_backend.cache.store import Cache
+from spark_backend.jobs.pull_jobs import JOB_DONE, Jobs
+from spark_backend.jobs.pull_plan import Plan, Wave
+from spark_backend.jobs.pull_sources import OpenSource, demo_world, source_for
 from spark_backend.model import checks, config
 from spark_backend.model.enums import PartitionState, Source, values
 from spark_backend.model.errors import (
@@ -36,7 +40,6 @@ from spark_backend.model.errors import (
 from spark_backend.model.records import to_arrow_batch
 from spark_backend.model.timestamps import TimestampError, coerce_ns, format_ns, now_ns
 from spark_backend.spanner.connect import (
-    SpannerTarget,
     open_database,
     validate_dialect,
     with_database_dialect,
@@ -46,7 +49,11 @@ from spark_backend.spanner.reader import (
     validate_heartbeat,
     validate_stream_name,
 )
-from spark_backend.spark.packing import Packed, packed_rows, record_rows
+from spark_backend.spark.packing import Packed
+
+# The jobs room's pull API (``demo_world``: the dashboard's demo servers serve the same world).
+__all__ = ["PullProgress", "PullRequest", "PullResult", "demo_world", "planned_serving_address",
+           "run_pull", "serving_address", "start_spark", "start_spark_early"]
 
 SOURCES = values(Source)
 READERS = ("spark", "here")
@@ -121,15 +128,6 @@ class PullResult:
     seconds: float = 0.0
 
 
-@dataclass
-class _Source:
-    target: SpannerTarget
-    source_stream: str
-    default_start_ns: int | None
-    default_end_ns: int | None
-    location: str
-
-
 def _validated(request: PullRequest) -> PullRequest:
     if request.source not in SOURCES:
         raise BadInput(
@@ -172,113 +170,10 @@ def _validated(request: PullRequest) -> PullRequest:
     return request
 
 
-@contextlib.contextmanager
-def _open_source(request: PullRequest, bind: str = "127.0.0.1") -> Iterator[_Source]:
-    """Start what the source needs (demo server, emulator) and stop it afterwards; ``bind``:
-    the address of this machine the executors reach (a demo server or emulator listens
-    there)."""
-    if request.source == "demo":
-        from spark_backend.demo.server import DemoServer
-        from spark_backend.demo.world import DEMO_STREAM, build_world
-
-        server = None
-        if request.demo_host:  # the dashboard's server: only the world's bounds are needed
-            world = demo_world(request.demo_seed, request.demo_scale)
-            host = request.demo_host
-        elif not request.demo_faults and request.demo_scale <= 1.0:
-            # Kept for the process: the next pull of the same world skips building and
-            # encoding it again (the dashboard pulls again and again).
-            world, host = _warm_demo(request.demo_seed, request.demo_scale,
-                                     request.dialect or "googlesql", bind)
-        else:
-            world = build_world(seed=request.demo_seed, scale=request.demo_scale)
-            server = DemoServer(world, dialect=request.dialect or "googlesql", host=bind,
-                                **request.demo_faults)
-            host = server.start()
-        try:
-            target = SpannerTarget("demo-project", "demo-instance", "demo-db", request.dialect,
-                                   host)
-            yield _Source(target, request.source_stream or DEMO_STREAM, world.start,
-                          world.end, f"demo world seed={request.demo_seed} "
-                          f"scale={request.demo_scale}")
-        finally:
-            if server is not None:
-                server.stop()
-        return
-    if request.source == "emulator":
-        from spark_backend.demo import emulator
-
-        if request.emulator_host:  # the dashboard's live emulator: read it, leave it running
-            target = SpannerTarget(request.project or emulator.DEFAULT_PROJECT,
-                                   request.instance or emulator.DEFAULT_INSTANCE,
-                                   request.database or emulator.DEFAULT_DATABASE,
-                                   request.dialect, request.emulator_host)
-            yield _Source(target, request.source_stream or emulator.DEFAULT_STREAM, None, None,
-                          f"local emulator at {request.emulator_host}: {target.path}")
-            return
-        try:
-            world = emulator.start_emulator_world(dialect=request.dialect or "googlesql",
-                                                  churn_seconds=2, listen=bind)
-        except emulator.EmulatorNotInstalled as e:
-            raise SourceError(str(e)) from e
-        except (emulator.EmulatorStartError, emulator.EmulatorProvisionError) as e:
-            raise SourceError(f"The Cloud Spanner emulator did not start: {e}") from e
-        try:
-            with world.workload(seed=request.demo_seed):
-                target = SpannerTarget(world.project, world.instance, world.database,
-                                       request.dialect, world.host)
-                start = int(world.created_at.timestamp() * 1e9)
-                end = start + int(request.emulator_seconds * 1e9)
-                yield _Source(target, world.stream, start, end,
-                              f"local emulator {world.project}/{world.instance}/{world.database}")
-        finally:
-            world.stop()
-        return
-    # Resolved here: Spark's workers do not see environment changes made after they started.
-    endpoint = os.environ.get(config.EMULATOR_HOST_ENVVAR) or None
-    if endpoint and bind != "127.0.0.1":
-        from spark_backend.spark.session import names_loopback
-
-        if names_loopback(endpoint):  # the executors would dial their own machine's loopback
-            raise BadInput(
-                f"{config.EMULATOR_HOST_ENVVAR}={endpoint} names this machine's loopback, which "
-                "Spark's executors on other machines cannot reach; give an address of this "
-                f"machine that they reach (e.g. {bind}:PORT, with the emulator listening there) "
-                "or use local Spark.")
-    target = SpannerTarget(request.project, request.instance, request.database, request.dialect,
-                           endpoint)
-    yield _Source(target, request.source_stream, None, None, target.path)
-
-
-_demo_servers: dict[tuple, tuple[Any, Any]] = {}
-
-
-@functools.lru_cache(maxsize=2)
-def demo_world(seed: int, scale: float) -> Any:
-    """The demo world, built once per process (a second each time otherwise: the dashboard's
-    first minute pulls it slice by slice); the dashboard's demo servers serve this one."""
-    from spark_backend.demo.world import build_world
-
-    return build_world(seed=seed, scale=scale)
-
-
-def _warm_demo(seed: int, scale: float, dialect: str, bind: str) -> tuple[Any, str]:
-    """A demo server for this process, one per (seed, scale, dialect, address), remembering
-    every encoded query; stopped when the process exits."""
-    import atexit
-
-    from spark_backend.demo.server import DemoServer
-
-    key = (seed, scale, dialect, bind)
-    if key not in _demo_servers:
-        world = demo_world(seed, scale)
-        server = DemoServer(world, dialect=dialect, host=bind,
-                            remembered_queries=2 * len(world.partitions) + 8)
-        server.start()
-        atexit.register(server.stop)
-        _demo_servers[key] = (world, server)
-    world, server = _demo_servers[key]
-    return world, server.address
+def _open_source(request: PullRequest, bind: str = "127.0.0.1"):
+    """The source ``request`` names, opened (``pull_sources``): a context giving an
+    ``OpenSource``; ``bind``: the address of this machine the executors reach."""
+    return source_for(request).open(bind)
 
 
 # --- the wave loop ---------------------------------------------------------------------------
@@ -299,100 +194,6 @@ def _initial_query(cache, stream, pull_id, src, request, start_ns, end_ns) -> in
     return stats.child_partitions
 
 
-@dataclass
-class _Wave:
-    """What one wave's results said, counted as they land."""
-
-    number: int
-    records: int = 0                 # data change, heartbeat and child partitions rows
-    ended: int = 0                   # partitions read to their end or to the range end
-    failed: list[tuple[str, str]] = field(default_factory=list)
-
-    def count(self, table: Any) -> None:
-        import pyarrow.compute as pc
-
-        kinds = table.column("kind")
-        self.records += record_rows(table)
-        ends = table.filter(pc.equal(kinds, "partition_end"))
-        for token, extra in zip(ends.column("partition_token").to_pylist(),
-                                ends.column("extra").to_pylist(), strict=True):
-            detail = json.loads(extra or "{}")
-            if detail.get("stopped") == "budget":
-                continue  # read on in the next wave
-            self.ended += 1
-            if detail.get("state") == PartitionState.INCOMPLETE:
-                self.failed.append((token, detail.get("error") or "unknown error"))
-
-
-class _Plan:
-    """What the driver knows of the partitions while a pull runs, ahead of the cache.
-
-    A task's results say which of its partitions finished, which stopped for the task's
-    budget (and where), which it never started and which children their ends announced: the
-    next task is started from that at once, while the results still land. The cache stays
-    the record (a pull resumes from it), and its frontier is asked again after every landing
-    for anything this plan does not know (e.g. a merge child whose other parent finished in
-    an earlier pull: seeded with the finished partitions)."""
-
-    def __init__(self, finished: set[str]):
-        self.finished = set(finished)
-        self.done: set[str] = set()           # read to their end or the range end, or failed
-        self.reading: set[str] = set()
-        self.ready: dict[str, int] = {}       # token -> read from (UTC ns)
-        self.arrived: dict[str, int] = {}     # token -> its rows read so far (continued ones)
-        self.waiting: dict[str, tuple[frozenset[str], int]] = {}  # merge child -> parents
-
-    def offer(self, parts: list[tuple[str, int]]) -> None:
-        """Partitions the cache says can be read (those already known here are left)."""
-        for token, start in parts:
-            if token not in self.reading and token not in self.done and token not in self.ready:
-                self.waiting.pop(token, None)
-                self.ready[token] = start
-
-    def merge_parents_finished(self) -> list[str]:
-        """The finished parents of the merge children still waiting for another parent: a
-        task told them reads such a child itself once it finished the others."""
-        return sorted({p for parents, _ in self.waiting.values() for p in parents
-                       if p in self.finished})
-
-    def take(self) -> list[tuple[str, int, int]]:
-        """The readable partitions: (token, read from, its rows read before in this pull)."""
-        parts, self.ready = list(self.ready.items()), {}
-        self.reading.update(token for token, _ in parts)
-        return [(token, start, self.arrived.get(token, 0)) for token, start in parts]
-
-    def task_ended(self, roots: list[tuple[str, int, int]], results: list[Packed]) -> None:
-        """A task's ``results`` arrived: what can be read next."""
-        ends = [end for piece in results for end in piece.ends]
-        children = [child for piece in results for child in piece.children]
-        seen = set()
-        for token, state, budget, read_to, arrival in ends:
-            seen.add(token)
-            self.reading.discard(token)
-            self.waiting.pop(token, None)  # a merge child the task read itself
-            if state == PartitionState.OPEN and budget:
-                self.ready[token] = read_to + 1  # as the cache's frontier continues it
-                self.arrived[token] = arrival  # its rows in this pull count on from there
-            else:
-                self.arrived.pop(token, None)
-                self.done.add(token)
-                if state == PartitionState.FINISHED:
-                    self.finished.add(token)
-        for token, start, _ in roots:
-            self.reading.discard(token)
-            if token not in seen and token not in self.done:
-                self.ready.setdefault(token, start)  # not started: the task stopped first
-        for child, parents, start in children:
-            if (child not in seen and child not in self.done and child not in self.reading
-                    and child not in self.ready):
-                self.waiting[child] = (frozenset(parents), start)
-        for child, (parents, start) in list(self.waiting.items()):
-            if parents <= self.finished:
-                del self.waiting[child]
-                self.ready[child] = start
-
-
-_JOB_DONE = object()
 _LANDED = object()
 # The lander brings the transaction summary up to date while the pull still reads (instead of
 # all at its end) once a Spark task slot has been idle this long with nothing to land, and at
@@ -406,92 +207,6 @@ _LANDED = object()
 # 4,885 transactions and took 0.9 s after the reads instead of 3.5-4.6 (stop 45).
 EARLY_SUMMARY_IDLE_S = 2.0
 EARLY_SUMMARY_RECORDS = 100_000
-
-
-class _Jobs:
-    """Spark jobs reading partitions, their results streamed back through Spark.
-
-    At most as many tasks run as Spark has slots (a task queued behind a running one would
-    leave its partitions unread for that task's time): a task that ends frees its slot for
-    the next one, started at once with what can be read then. Every task reads for at most
-    ``task_seconds`` (and ``max_rows_per_task`` rows) and ends its results with a marker
-    row; everything a task returned lands in ONE transaction, so the cache only ever holds
-    whole task results (a crash loses at most the tasks in flight, which the next pull reads
-    again).
-    """
-
-    def __init__(self, spark, src, request, end_ns, events):
-        import threading
-
-        from spark_backend.spark.session import task_slots
-
-        self.spark, self.src, self.request, self.end_ns = spark, src, request, end_ns
-        self.slots = task_slots(spark)
-        self.events = events
-        self.in_flight = threading.Semaphore(8)  # batches not taken yet: back-pressure
-        self.closed = False
-        self.tasks: dict[tuple[int, int], list[tuple[str, int, int]]] = {}  # running -> roots
-        self.started = 0
-        # Spark Connect: processes of the tool share one server-side session, so this pull's
-        # operations carry a tag of their own and only they are interrupted on failure.
-        self.tag = f"csi-pull-{os.getpid()}-{id(self):x}"
-
-    def free_slots(self) -> int:
-        return self.slots - len(self.tasks)
-
-    def start(self, parts: list[tuple[str, int, int]], finished: Iterable[str] = ()) -> None:
-        """One job of ``min(free slots, len(parts))`` tasks reading ``parts``; ``finished``:
-        partitions finished before, whose merge children the tasks may complete."""
-        import threading
-
-        n = max(1, min(self.free_slots(), len(parts)))
-        groups = [parts[i::n] for i in range(n)]
-        self.started += 1
-        number = self.started
-        for index, group in enumerate(groups):
-            self.tasks[(number, index)] = group
-        options = {
-            "project": self.src.target.project, "instance": self.src.target.instance,
-            "database": self.src.target.database, "dialect": self.src.target.dialect,
-            "host": self.src.target.host or "", "stream": self.src.source_stream,
-            "heartbeat_ms": str(self.request.heartbeat_ms), "end_ns": str(self.end_ns),
-            "max_attempts": str(self.request.max_attempts),
-            "threads": str(self.request.threads_per_task),
-            "max_rows": str(self.request.max_rows_per_task),
-            "max_seconds": str(self.request.task_seconds), "task_markers": "true",
-            "finished": json.dumps(list(finished)),
-            "groups": json.dumps([[{"token": t, "start_ns": s, "arrival": a}
-                                   for t, s, a in group] for group in groups]),
-        }
-        threading.Thread(target=self._run, args=(number, options), daemon=True,
-                         name=f"pull-job-{number}").start()
-
-    def _run(self, number: int, options: dict) -> None:
-        from spark_backend.spark.datasource import change_stream_frame
-        from spark_backend.spark.session import arrow_batches, is_remote
-
-        try:
-            if is_remote(self.spark):
-                self.spark.addTag(self.tag)  # this thread's operations
-            df = change_stream_frame(self.spark, options)
-            for piece in packed_rows(arrow_batches(self.spark, df)):
-                while not self.in_flight.acquire(timeout=0.5):
-                    if self.closed:
-                        return  # the pull ended: nobody takes it
-                self.events.put((number, piece))
-            self.events.put((number, _JOB_DONE))
-        except BaseException as e:
-            self.events.put((number, e))
-
-    def cancel(self) -> None:
-        from spark_backend.spark.session import is_remote
-
-        if not is_remote(self.spark):
-            with contextlib.suppress(Exception):
-                self.spark.sparkContext.cancelAllJobs()
-        else:
-            with contextlib.suppress(Exception):
-                self.spark.interruptTag(self.tag)
 
 
 class _Lander:
@@ -518,7 +233,7 @@ class _Lander:
 
         self.cache, self.stream, self.pull_id, self.end_ns = cache, stream, pull_id, end_ns
         self.jobs, self.events, self.max_rows = jobs, events, max_rows
-        self.total = _Wave(0)
+        self.total = Wave(0)
         self.changed = threading.Condition()
         self.waiting: list[list[Any]] = []  # task results not landing yet, in order
         self.rows = 0                       # rows waiting or landing
@@ -650,8 +365,8 @@ def _read_all(spark, cache, stream, pull_id, src, request, parts, end_ns, report
     from spark_backend.spark.session import SparkUnavailable, one_line, spark_log_path
 
     events: queue.Queue = queue.Queue()
-    jobs = _Jobs(spark, src, request, end_ns, events)
-    plan = _Plan(cache.finished_partitions(stream))
+    jobs = Jobs(spark, src, request, end_ns, events)
+    plan = Plan(cache.finished_partitions(stream))
     plan.offer(parts)
     lander = _Lander(cache, stream, pull_id, end_ns, jobs, events,
                      max_rows=request.max_rows_per_task)
@@ -687,7 +402,7 @@ def _read_all(spark, cache, stream, pull_id, src, request, parts, end_ns, report
                 failed = {token for token, _ in failures}
                 plan.offer([p for p in frontier if p[0] not in failed])
                 report(progress("landed"))
-            elif item is _JOB_DONE:
+            elif item is JOB_DONE:
                 if any(job == number for job, _ in jobs.tasks):
                     raise RuntimeError(f"Spark job {number} ended without all of its tasks' "
                                        "results")
@@ -738,7 +453,7 @@ def _read_here(spark, cache, stream, pull_id, src, request, parts, end_ns, repor
     failures: list[tuple[str, str]] = []
     while parts:
         result.waves += 1
-        wave = _Wave(result.waves)
+        wave = Wave(result.waves)
         report(PullProgress(wave.number, result.partitions_read, cache.partition_count(stream),
                             result.records, f"reading {len(parts)} partitions in this process"))
         rows = read_partitions(database, request.dialect, src.source_stream, parts, end_ns,
@@ -877,8 +592,8 @@ def run_pull(
 
 
 def _settle_dialect(
-    src: _Source, request: PullRequest,
-) -> tuple[_Source, PullRequest, InspectorError | None]:
+    src: OpenSource, request: PullRequest,
+) -> tuple[OpenSource, PullRequest, InspectorError | None]:
     """The database's own dialect, unless ``request.dialect`` overrides it (then a query the
     database refuses for the dialect says so in one sentence). A database that cannot be
     asked fails the pull like any source error (returned, raised where the pull records it)."""

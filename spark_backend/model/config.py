@@ -58,32 +58,17 @@ PULL_ALLOCATOR = {"allocator_flush_threshold": "8MB", "allocator_background_thre
 # thread that ever allocated, up to 8 per core: the driver's landing and job threads, the
 # workers' reader threads and the JVM's each hold pages another could reuse. Two arenas per process:
 # see ``README.md`` ("Memory of a pull") for what it saved. glibc reads MALLOC_ARENA_MAX when a
-# process starts, so the driver that sets it caps its own arenas with ``mallopt``.
-# Spark's local workers and the JVM inherit these; a cluster's executors get them from the
-# session (``spark.executorEnv``). A user's own setting wins.
+# process starts: the processes this one starts (Spark's JVM and its local Python workers)
+# inherit it; this process's own malloc is left as the user started it. A cluster's executors
+# get these from the session (``spark.executorEnv``). A user's own setting wins.
 ALLOCATOR_ENV = {"MIMALLOC_PURGE_DELAY": "0", "MALLOC_ARENA_MAX": "2"}
-_M_ARENA_MAX = -8  # glibc's malloc.h
 
 
 def set_allocator_env() -> None:
+    """The allocator settings of ``ALLOCATOR_ENV`` for the processes this one starts (and
+    Arrow's, read when pyarrow loads here); an exported value of the user's is kept."""
     for name, value in ALLOCATOR_ENV.items():
-        if name not in os.environ:
-            os.environ[name] = value
-            if name == "MALLOC_ARENA_MAX":
-                _cap_malloc_arenas(int(value))
-
-
-def _cap_malloc_arenas(arenas: int) -> None:
-    """This process's glibc malloc keeps at most ``arenas`` arenas from now on (elsewhere than
-    glibc, nothing)."""
-    import ctypes
-    import ctypes.util
-
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        libc.mallopt(_M_ARENA_MAX, arenas)
-    except (OSError, AttributeError):
-        pass  # not glibc: its own allocator, its own rules
+        os.environ.setdefault(name, value)
 
 
 DEFAULT_HEARTBEAT_MS = 10_000

@@ -3,7 +3,11 @@
 
 A local Spanner-protocol endpoint (the emulator, the demo server) is reached the client's
 documented way: anonymous credentials and ``client_options.api_endpoint`` (the client then
-uses a plain-text channel), never by setting its private attributes.
+uses a plain-text channel), never by setting its private attributes. The reads and the
+questions a pull asks (the dialect) go to a local endpoint through the public GAPIC clients
+(``SpannerClient``, ``DatabaseAdminClient``) on a plain-text channel of this module's, so they
+reach the endpoint named even where ``$SPANNER_EMULATOR_HOST`` names another one (which the
+``Client`` itself prefers).
 """
 
 from __future__ import annotations
@@ -22,7 +26,6 @@ from spark_backend.model.errors import BadInput, SourceError
 
 _ID = re.compile(r"^[a-z][a-z0-9\-_.:]{0,127}$", re.IGNORECASE)
 DIALECTS = values(Dialect)
-_env_lock = threading.Lock()
 
 
 def validate_dialect(dialect: str) -> str:
@@ -73,23 +76,15 @@ def make_client(project: str, host: str | None = None) -> Any:
     config.quiet_local_client_env()
     from google.auth.credentials import AnonymousCredentials
 
-    # The client prefers $SPANNER_EMULATOR_HOST over api_endpoint; when it names another host,
-    # point it at ours for the moment the client is built.
-    with _env_lock:
-        saved = os.environ.get(config.EMULATOR_HOST_ENVVAR)
-        os.environ[config.EMULATOR_HOST_ENVVAR] = host
-        try:
-            return spanner.Client(
-                project=project,
-                credentials=AnonymousCredentials(),
-                client_options={"api_endpoint": host},
-                disable_builtin_metrics=True,
-            )
-        finally:
-            if saved is None:
-                os.environ.pop(config.EMULATOR_HOST_ENVVAR, None)
-            else:
-                os.environ[config.EMULATOR_HOST_ENVVAR] = saved
+    # Where $SPANNER_EMULATOR_HOST names another endpoint the client goes there for what it
+    # does itself (a demo's provisioning); a pull's reads and questions use ``read_api`` and
+    # ``admin_api``, which go to ``host``.
+    return spanner.Client(
+        project=project,
+        credentials=AnonymousCredentials(),
+        client_options={"api_endpoint": host},
+        disable_builtin_metrics=True,
+    )
 
 
 CREDENTIALS_ENVVAR = "GOOGLE_APPLICATION_CREDENTIALS"
@@ -181,6 +176,7 @@ def open_database(target: SpannerTarget) -> Any:
                                          database_dialect=database_dialect_enum(target.dialect))
             _DATABASES[key] = database
             _ENDPOINT_OF[id(database)] = endpoint
+            _CLIENT_OF[id(database)] = client
     _ENDPOINTS[target.path] = endpoint or CLOUD_ENDPOINT
     return database
 
@@ -198,6 +194,35 @@ READ_CHANNEL_OPTIONS = (("grpc.http2.bdp_probe", 0),
                         ("grpc.max_receive_message_length", -1))
 
 
+def _local_channel(endpoint: str) -> Any:
+    import grpc
+
+    return grpc.insecure_channel(endpoint, options=READ_CHANNEL_OPTIONS)
+
+
+def admin_api(database: Any) -> Any | None:
+    """The ``DatabaseAdminClient`` for ``database``: on a local endpoint one per endpoint for
+    the process, on a plain-text channel; on Cloud Spanner its ``Client``'s
+    (``Client.database_admin_api``); None for a ``Database`` not opened by
+    :func:`open_database` (its client is not known here)."""
+    endpoint = _ENDPOINT_OF.get(id(database))
+    if endpoint is None:
+        client = _CLIENT_OF.get(id(database))
+        return None if client is None else client.database_admin_api
+    with _open_lock:
+        api = _ADMIN_APIS.get(endpoint)
+        if api is None:
+            from google.cloud.spanner_admin_database_v1 import DatabaseAdminClient
+            from google.cloud.spanner_admin_database_v1.services.database_admin.transports import (
+                DatabaseAdminGrpcTransport,
+            )
+
+            api = DatabaseAdminClient(
+                transport=DatabaseAdminGrpcTransport(channel=_local_channel(endpoint)))
+            _ADMIN_APIS[endpoint] = api
+    return api
+
+
 def read_api(database: Any) -> Any:
     """The Spanner API client (``SpannerClient``) for the partition reads of ``database``.
 
@@ -211,12 +236,10 @@ def read_api(database: Any) -> Any:
     with _open_lock:
         api = _READ_APIS.get(endpoint)
         if api is None:
-            import grpc
             from google.cloud.spanner_v1.services.spanner import SpannerClient
             from google.cloud.spanner_v1.services.spanner.transports import SpannerGrpcTransport
 
-            channel = grpc.insecure_channel(endpoint, options=READ_CHANNEL_OPTIONS)
-            api = SpannerClient(transport=SpannerGrpcTransport(channel=channel))
+            api = SpannerClient(transport=SpannerGrpcTransport(channel=_local_channel(endpoint)))
             _READ_APIS[endpoint] = api
     return api
 
@@ -228,7 +251,9 @@ _CLIENTS: dict[tuple[str, str | None], Any] = {}
 # id(Database) -> its local endpoint (only those open_database keeps), and the reads' API
 # client of each local endpoint (read_api).
 _ENDPOINT_OF: dict[int, str] = {}
+_CLIENT_OF: dict[int, Any] = {}   # id(Database) -> the Client it was opened on
 _READ_APIS: dict[str, Any] = {}
+_ADMIN_APIS: dict[str, Any] = {}
 _open_lock = threading.Lock()
 USAGE = {"open_database": 0, "clients": 0}
 
@@ -238,10 +263,13 @@ def forget(endpoint: str) -> None:
     a later server on the same port is another database."""
     with _open_lock:
         for key in [k for k in _DATABASES if k[1] == endpoint]:
-            _ENDPOINT_OF.pop(id(_DATABASES.pop(key)), None)
+            gone = id(_DATABASES.pop(key))
+            _ENDPOINT_OF.pop(gone, None)
+            _CLIENT_OF.pop(gone, None)
         # Not closed: a read still holding a session of it finishes on it (as on the
         # Database's own channel); the channel goes with the last of them.
         _READ_APIS.pop(endpoint, None)
+        _ADMIN_APIS.pop(endpoint, None)
         for key in [k for k in _CLIENTS if k[1] == endpoint]:
             del _CLIENTS[key]
 
@@ -318,7 +346,9 @@ def _from_admin(database: Any) -> str | None:
     dialect the object was opened with when the answer is unspecified."""
     from google.cloud.spanner_admin_database_v1 import DatabaseDialect
 
-    api = database._instance._client.database_admin_api
+    api = admin_api(database)
+    if api is None:
+        return None
     answer = api.get_database(name=database.name, retry=RETRY).database_dialect
     if answer == DatabaseDialect.POSTGRESQL:
         return Dialect.POSTGRESQL.value
@@ -336,7 +366,7 @@ def _from_information_schema(database: Any) -> str | None:
         TransactionSelector,
     )
 
-    api = database.spanner_api
+    api = read_api(database)
     metadata = [("google-cloud-resource-prefix", database.name)]
     session = api.create_session(request=CreateSessionRequest(database=database.name),
                                  metadata=metadata, retry=RETRY).name

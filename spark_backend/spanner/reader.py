@@ -673,12 +673,32 @@ def _session_gone(exc: BaseException) -> bool:
     return type(exc).__name__ == "NotFound" and "session not found" in str(exc).lower()
 
 
-def _request(session: _Session, sql: str, params: dict, types: dict):
-    from google.cloud.spanner_v1 import ExecuteSqlRequest, TransactionOptions, TransactionSelector
-    from google.cloud.spanner_v1._helpers import _make_value_pb
+def param_value(value: Any) -> Any:
+    """A query parameter of ``_params`` (None, int, str, or a timestamp as
+    ``DatetimeWithNanoseconds``) as the ``google.protobuf.Value`` of Spanner's wire format:
+    integers and timestamps travel as strings (``ExecuteSqlRequest.params``)."""
+    from google.protobuf.struct_pb2 import NULL_VALUE, Value
+
+    if value is None:
+        return Value(null_value=NULL_VALUE)
+    if hasattr(value, "rfc3339"):  # DatetimeWithNanoseconds: RFC 3339, full precision
+        return Value(string_value=value.rfc3339())
+    if isinstance(value, int | str) and not isinstance(value, bool):
+        return Value(string_value=str(value))
+    raise TypeError(f"no Spanner parameter encoding for {type(value).__name__}")
+
+
+def params_struct(params: dict) -> Any:
+    """``params`` (name -> ``param_value``) as the request's ``Struct``."""
     from google.protobuf.struct_pb2 import Struct
 
-    params_pb = Struct(fields={k: _make_value_pb(v) for k, v in params.items()})
+    return Struct(fields={k: param_value(v) for k, v in params.items()})
+
+
+def _request(session: _Session, sql: str, params: dict, types: dict):
+    from google.cloud.spanner_v1 import ExecuteSqlRequest, TransactionOptions, TransactionSelector
+
+    params_pb = params_struct(params)
     strong = TransactionOptions(read_only=TransactionOptions.ReadOnly(strong=True))
     return ExecuteSqlRequest(
         session=session.name, sql=sql, params=params_pb, param_types=types,

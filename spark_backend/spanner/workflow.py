@@ -17,28 +17,22 @@ rows or seconds, nothing new is started and each read stops at a new timestamp, 
 on across the queries that continue it in one pull, see ``submit``). The row it stops at is not
 passed on.
 
-**A stopped read is parked** (``read_partitions``; ``_Lot``): it goes on reading, into a bounded
-buffer, for up to ``PARK_SECONDS``, and the next task in the same process that continues the
-partition from there takes the read over (its buffered rows, then the rest of the same query)
-instead of querying again. The driver starts the next task as soon as one ends, and Spark most
-often runs it in the Python worker that just freed the slot, so a partition on the longest
-chain reads on through its task's end. Reads nobody takes are closed (the call cancelled, the
-session given back). Without a take-over, the next query asks for the row again, and from a
-source that paces its responses every response from the one holding that row's start is sent
-again. So a read stops at a row that came with the one before it, in the same response, and
-passes on a row it had to wait for (``WAITED_S``): that one may be a large row in many
-responses, and a budget is more likely to run out while a read waits for such a row. A row
-that took ``WAITED_MAX_S`` or longer is not kept: it came from a quiet partition (a live one
-near its end), where the next row may be as far off. A read passes on waited rows for at most
-``keep_seconds`` after the first it could have stopped at, and while the task has returned
-less than an eighth over ``max_rows`` (reads of one task check that without a lock: a few rows
-more). Each kept row makes the read wait for the row after it, so a task may end up to that
-row's wait later than it would have.
+A task is stateless, as a data source reader's ``read()`` must be: a read stopped at its
+budget is closed (the call cancelled, the session given back), and the next task continues the
+partition with a new query from the timestamp it stopped after. From a source that paces its
+responses the new query's first response holds the row the read stopped at, sent again. So a
+read stops at a row that came with the one before it, in the same response, and passes on a row
+it had to wait for (``WAITED_S``): that one may be a large row in many responses, and a budget is
+more likely to run out while a read waits for such a row. A row that took ``WAITED_MAX_S`` or
+longer is not kept: it came from a quiet partition (a live one near its end), where the next row
+may be as far off. A read passes on waited rows for at most ``keep_seconds`` after the first it
+could have stopped at, and while the task has returned less than an eighth over ``max_rows``
+(reads of one task check that without a lock: a few rows more). Each kept row makes the read
+wait for the row after it, so a task may end up to that row's wait later than it would have.
 
-The driver continues those partitions right after it in a task of its own (in a 1M-record
-pull of the benchmark world, 417 of 431 parked reads were taken over). A Spark task's
-results reach the driver only when the task ends, so short tasks are what lets results land as
-they come and a merge child start soon after its parents (read by different tasks) finished.
+A Spark task's results reach the driver only when the task ends, so short tasks are what lets
+results land as they come and a merge child start soon after its parents (read by different
+tasks) finished.
 
 Rows stream out through a bounded queue (``ROWS_QUEUED``): memory does not grow with the
 number of records. A read hands its rows on in small lists (``HAND_ON_ROWS``), not one by one:
@@ -52,7 +46,6 @@ import json
 import queue
 import threading
 import time
-from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -66,9 +59,6 @@ Root = tuple[str, int] | tuple[str, int, int]
 WAITED_S = 0.005       # a row that took longer to arrive than this came in a response of its own
 WAITED_MAX_S = 1.0     # ... and one that took this long or longer came from a quiet partition
 KEEP_SECONDS = 0.1     # how long a stopped read may pass on such rows before it stops anyway
-PARK_SECONDS = 2.0     # how long a read stopped at its task's budget waits to be taken over
-PARK_ROWS = 512        # rows one parked read takes in meanwhile (then its source waits)
-PARKED_ROWS_MAX = 4096  # rows all parked reads of the process hold at most
 # Rows the task's reads have handed on and its batching has not taken yet. A row waits there
 # as a Python dict (~1.5 KB in the 1M benchmark world); the queue fills where the stream
 # delivers faster than the task's core packs (the 1M world's first ~40 s). Halving the three
@@ -84,14 +74,10 @@ HAND_ON_ROWS = 16
 class _Workflow:
     def __init__(self, read: Callable[[str, int], Iterator[dict]], threads: int, follow: bool,
                  max_rows: int | None = None, max_seconds: float | None = None,
-                 keep_seconds: float = KEEP_SECONDS,
-                 park: Callable[[str, int, Iterator[dict], dict], None] | None = None,
-                 finished: Iterable[str] = ()):
-        """``park(token, start_ns, rows, row)``: what to do with a read stopped at its budget
-        (``rows`` from ``row`` on, the read's next query would start at ``start_ns``); None:
-        the read is closed. ``finished``: partitions finished before (by other tasks)."""
+                 keep_seconds: float = KEEP_SECONDS, finished: Iterable[str] = ()):
+        """``read(token, start_ns)``: the rows of one query (closed when a read stops at its
+        budget); ``finished``: partitions finished before (by other tasks)."""
         self.read = read
-        self.park = park
         self.follow = follow
         self.max_rows = max_rows
         self.max_seconds = max_seconds
@@ -166,10 +152,7 @@ class _Workflow:
                         deadline = now + self.keep_seconds
                     waited = WAITED_S <= now - asked < WAITED_MAX_S
                     if not waited or now >= deadline or self._rows_over():
-                        if self.park is None:
-                            rows.close()
-                        else:  # the next task of this process may take it over
-                            self.park(token, last_ts + 1, rows, row)
+                        rows.close()  # the next task queries again from last_ts + 1
                         gathered.append(partition_end(token, "open", last_ts,
                                                       read_from=start_ns, stopped="budget",
                                                       arrival=arrival))
@@ -254,187 +237,22 @@ def _shift(row: dict, n: int) -> None:
         row["line"] += n
 
 
-class _Resumed:
-    """A parked read's rows for the task that took it over, numbered as its own query's
-    would be (from 1)."""
-
-    def __init__(self, source: Iterator[dict], pending: deque, base: int, ended: bool,
-                 error: BaseException | None):
-        self.source, self.pending, self.base = source, pending, base
-        self.ended, self.error = ended, error
-
-    def __iter__(self) -> _Resumed:
-        return self
-
-    def __next__(self) -> dict:
-        if self.pending:
-            row = self.pending.popleft()
-        elif self.error is not None:
-            error, self.error = self.error, None
-            raise error
-        elif self.ended:
-            raise StopIteration
-        else:
-            row = next(self.source)
-        _shift(row, -self.base)
-        return row
-
-    def close(self) -> None:
-        self.source.close()
-
-
-class _Parked:
-    """A read stopped at its task's budget. It goes on reading into ``pending`` (at most
-    ``PARK_ROWS`` rows, and while the process's parked reads hold fewer than about
-    ``PARKED_ROWS_MAX``; then gRPC's flow control holds the source) until a task that
-    continues the partition from there takes it over, or ``PARK_SECONDS`` pass: then it is
-    closed (its call cancelled, its session given back). A read waiting for its next row
-    notices either only when that row comes: on a quiet partition up to one heartbeat later,
-    the wait a new query would have for its first row too."""
-
-    def __init__(self, lot: _Lot, key: tuple, source: Iterator[dict], pending: deque,
-                 base: int, ended: bool, error: BaseException | None, keep: Any):
-        self.lot, self.key, self.source = lot, key, source
-        self.pending, self.base = pending, base
-        self.ended, self.error = ended, error
-        self.keep = keep  # what the key names by ``id``: alive while parked, so not reused
-        self.claimed = threading.Event()
-        self.handed = threading.Event()  # the pump no longer touches ``source``
-        self.until = time.monotonic() + PARK_SECONDS
-
-    def pump(self) -> None:
-        try:
-            while not self.claimed.is_set():
-                if time.monotonic() >= self.until:
-                    if self.lot.drop(self):
-                        self._release()
-                        self.source.close()
-                        return
-                    continue  # taken over just now
-                if self.ended or self.error is not None or len(self.pending) >= PARK_ROWS:
-                    self.claimed.wait(max(0.0, self.until - time.monotonic()))
-                    continue
-                if self.lot.full():  # until a task takes some parked read over
-                    self.claimed.wait(0.02)
-                    continue
-                try:
-                    row = next(self.source, None)
-                except BaseException as e:  # the reader's own bug: the taker raises it
-                    self.error = e
-                    continue
-                if row is None:
-                    self.ended = True
-                else:
-                    self.pending.append(row)
-                    self.lot.hold(1)
-        finally:
-            self.handed.set()
-
-    def _release(self) -> None:
-        """The rows it holds no longer count against the process's bound."""
-        self.lot.hold(-len(self.pending))
-
-    def resumed(self) -> _Resumed:
-        self.claimed.set()
-        self.handed.wait()
-        self._release()
-        return _Resumed(self.source, self.pending, self.base, self.ended, self.error)
-
-
-class _Lot:
-    """The process's parked reads (a Spark worker's Python process lives across tasks), by
-    what the query that would continue them asks: database, stream, partition, start, end,
-    heartbeat. The driver continues a stopped partition in the next task, which Spark most
-    often runs in the process that just freed its slot: that task takes the read over where
-    it is, instead of querying again (the source would send again the response the read
-    stopped in, and nothing would be read between the two tasks)."""
-
-    def __init__(self):
-        self.lock = threading.Lock()
-        self.parked: dict[tuple, _Parked] = {}
-        self.rows = 0
-        self.counts: Counter = Counter()  # parked, taken, closed
-
-    def park(self, key: tuple, rows: Iterator[dict], row: dict, keep: Any = None) -> None:
-        """Park ``rows``, whose next row is ``row`` (already taken from it); ``keep``: an
-        object the key names by ``id``."""
-        ended, error = False, None
-        if isinstance(rows, _Resumed):  # parked again: one pump over the reader itself
-            _shift(row, rows.base)  # back to the reader's count
-            pending, source, ended, error = rows.pending, rows.source, rows.ended, rows.error
-            pending.appendleft(row)
-        else:
-            pending, source = deque([row]), rows
-        base = row["line"] - 1 if row.get("line") is not None else 0
-        parked = _Parked(self, key, source, pending, base, ended, error, keep)
-        with self.lock:
-            if key in self.parked:  # cannot happen within one pull; keep the first
-                parked = None
-            else:
-                self.parked[key] = parked
-                self.rows += len(pending)
-                self.counts["parked"] += 1
-        if parked is None:
-            source.close()
-            return
-        try:
-            threading.Thread(target=parked.pump, daemon=True, name="csi-parked-read").start()
-        except BaseException:
-            if self.drop(parked):
-                parked._release()
-            source.close()
-            raise
-
-    def take(self, key: tuple) -> _Resumed | None:
-        with self.lock:
-            parked = self.parked.pop(key, None)
-            if parked is not None:
-                self.counts["taken"] += 1
-        return None if parked is None else parked.resumed()
-
-    def drop(self, parked: _Parked) -> bool:
-        with self.lock:
-            if self.parked.get(parked.key) is not parked:
-                return False
-            del self.parked[parked.key]
-            self.counts["closed"] += 1
-            return True
-
-    def hold(self, n: int) -> None:
-        with self.lock:
-            self.rows += n
-
-    def full(self) -> bool:
-        return self.rows >= PARKED_ROWS_MAX
-
-
-PARKED = _Lot()
-
-
 def read_partitions(
     database, dialect: str, stream: str, roots: list[Root], end_ns: int,
     heartbeat_ms: int, *, threads: int = 8, follow_children: bool = True,
     max_attempts: int = 6, max_rows: int | None = None, max_seconds: float | None = None,
-    park_reads: bool = True, finished: Iterable[str] = (),
+    finished: Iterable[str] = (),
 ) -> Iterator[dict[str, Any]]:
     """Rows of ``roots`` (token, start[, rows read of it before in this pull]) and, with
     ``follow_children``, of their descendants that can be read here (``finished``: partitions
     finished before, whose merge children a read here may complete); ``threads`` partitions
     are read at the same time; ``max_rows`` and ``max_seconds`` bound the rows returned and
-    the time taken (see the module doc)."""
-
-    def key(token: str, start_ns: int) -> tuple:
-        return (id(database), dialect, stream, token, start_ns, end_ns, heartbeat_ms)
+    the time taken (see the module doc). Keeps nothing once its rows are consumed or it is
+    closed."""
 
     def read(token: str, start_ns: int) -> Iterator[dict]:
-        resumed = PARKED.take(key(token, start_ns)) if park_reads else None
-        if resumed is not None:
-            return resumed
         return read_partition_rows(database, dialect, stream, token, start_ns, end_ns,
                                    heartbeat_ms, max_attempts=max_attempts)
 
-    def park(token: str, start_ns: int, rows: Iterator[dict], row: dict) -> None:
-        PARKED.park(key(token, start_ns), rows, row, keep=database)
-
     yield from _Workflow(read, threads, follow_children, max_rows, max_seconds,
-                         park=park if park_reads else None, finished=finished).rows(roots)
+                         finished=finished).rows(roots)

@@ -15,7 +15,6 @@ libraries imported inside ``read()``.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
@@ -174,9 +173,6 @@ class SpannerChangeStreamDataSourceReader(DataSourceReader):
             follow_children=self.follow, finished=self.finished,
             max_attempts=self.max_attempts,
             max_rows=self.max_rows, max_seconds=self.max_seconds,
-            # A stopped read is parked for the next task of this process only where the
-            # process outlives its task (Spark's worker reuse, on by default, says so here).
-            park_reads=os.environ.get("SPARK_REUSE_WORKER") == "1",
         )
         for batch in batched(rows, STREAM_BATCH_ROWS):
             yield to_arrow_batch(batch)

@@ -28,6 +28,8 @@ import tempfile
 import threading
 from collections.abc import Iterator
 
+from spark_backend.spark.remote import is_remote
+
 _lock = threading.Lock()
 _kept: str | None = None     # this process's folder of links handed to SparkContext.addFile
 _shipped: set[tuple[int, str]] = set()  # (session, name) already sent
@@ -35,8 +37,6 @@ _shipped: set[tuple[int, str]] = set()  # (session, name) already sent
 
 def needs_shipping(spark) -> bool:
     """Whether executors of ``spark`` may not see the driver's files (anything but local)."""
-    from spark_backend.spark.session import is_remote
-
     if is_remote(spark):
         return True
     return not spark.sparkContext.master.startswith("local")
@@ -52,8 +52,6 @@ def ship(spark, files: dict[str, str]) -> dict[str, str]:
     :func:`executor_path`. Nothing is sent (an empty dict) on a local master."""
     if not needs_shipping(spark):
         return {}
-    from spark_backend.spark.session import is_remote
-
     names = {path: shipped_name(path, digest) for path, digest in files.items()}
     todo = {p: n for p, n in names.items() if (id(spark), n) not in _shipped}
     if todo:

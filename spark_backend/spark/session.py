@@ -2,9 +2,11 @@
 
 Spark never writes on the terminal: the JVM (launcher, log4j, Python workers of a local master)
 writes into a log file, one per process, whose path every Spark error message names.
-Results come back through Spark itself (:func:`arrow_batches`): the executors share nothing with
-the driver but the network, so the same code runs on ``local[*]``, a ``spark://`` master,
-YARN/Kubernetes and Spark Connect.
+Results come back through Spark itself, by its public API (:func:`arrow_batches`:
+``DataFrame.toArrow()``): the executors share nothing with the driver but the network, so the
+same code runs on ``local[*]``, a ``spark://`` master, YARN/Kubernetes and Spark Connect.
+Nothing started here outlives the process: the JVM and its Python workers are this process's
+children and go with it.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import logging
 import os
 import re
 import socket
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -23,7 +26,8 @@ from typing import Any
 
 from spark_backend.model import checks, config
 from spark_backend.model.errors import BadInput, InspectorError
-from spark_backend.spark import class_archive, probes
+from spark_backend.spark import probes
+from spark_backend.spark.remote import is_remote
 
 _lock = threading.Lock()
 _registered: set[int] = set()
@@ -432,28 +436,11 @@ def _crash_file() -> str:
     return "" if " " in folder else f"-XX:ErrorFile={folder}/hs_err_pid%p.log"
 
 
-def _classic_session(master: str, label: str = "--spark-master"):
-    from pyspark import SparkConf, SparkContext
-    from pyspark.java_gateway import launch_gateway
-    from pyspark.sql import SparkSession
+def _classic_conf(master: str, address: str | None):
+    """The classic session's settings: the tool's, then the user's (``$CSI_SPARK_CONF``)."""
+    from pyspark import SparkConf
 
-    active = SparkContext._active_spark_context
-    if active is not None:
-        return SparkSession.builder.getOrCreate()
-    _check_standalone_master(master, label)
-    # A master given beside an exported SPARK_REMOTE wins (``spark_session``): Spark's launcher
-    # and pyspark's builder would take the variable for a Connect session (the launcher refuses
-    # both), so this process, whose one session is classic, drops it.
-    os.environ.pop(config.SPARK_REMOTE_ENVVAR, None)
-    address = driver_address(master)
-    if address:  # what the JVM, launched below, advertises (its block manager's files too)
-        os.environ["SPARK_LOCAL_IP"] = address
     java_options = os.environ.get("CSI_SPARK_DRIVER_JAVA_OPTIONS", _DRIVER_JAVA_OPTIONS)
-    # Spark's classes from the archive an earlier driver left (class_archive: seconds off the
-    # start and the first job); without one yet, a builder starts once this session has.
-    archive = class_archive.archive_for(java_options,
-                                        os.environ.get(config.SPARK_CONF_ENVVAR, ""))
-    archived = class_archive.option(archive)
     conf = (
         SparkConf()
         .setMaster(master)
@@ -476,26 +463,20 @@ def _classic_session(master: str, label: str = "--spark-master"):
         # 20 ms: 380 -> 353 MB, two runs each; 100k: 336 -> 325; same pull times). It compiles
         # a method after 10x its usual calls (``CompileThresholdScaling=10``): methods called
         # once per task or job otherwise kept reaching its thresholds, and the compiled code
-        # grew with the work a process had done (thirty 100k pulls in one process: 17 -> 26 MB;
-        # now 7 -> 12, the JVM's peak 383 -> 368 MB; a 1M pull at 20 ms 139.5, 150.6 -> 141.0,
-        # 142.1 s, its peak 1,007, 1,005 -> 995, 996 MB; benchmarks/MEMORY.md, stop 37).
+        # grew with the work a process had done (thirty 100k pulls in one process: 17 -> 26 MB
+        # against 7 -> 12; benchmarks/MEMORY.md).
         .set("spark.driver.memory", os.environ.get("CSI_SPARK_DRIVER_MEMORY", "512m"))
-        .set("spark.driver.extraJavaOptions", f"{java_options} {archived} {_crash_file()}".strip())
+        .set("spark.driver.extraJavaOptions", f"{java_options} {_crash_file()}".strip())
         .set("spark.executor.memory", "1g")
         # A task's results up to 16 MB travel in its status message instead of being put in
         # the executor's block store, fetched from there and removed (Spark's default above
-        # 1 MB; a 1M-record pull's tasks carry up to 32,768 records); its effect on memory was not
-        # measured apart from the C1 change's. The block manager's two thread pools (up to
-        # 100 threads each, idle ones kept a minute) still fill in a 1M-record pull with it:
-        # their work there is the clean-up of each job's broadcast (Spark's debug log).
+        # 1 MB; a 1M-record pull's tasks carry up to 32,768 records).
         .set("spark.task.maxDirectResultSize", "16m")
         # What Spark keeps of finished jobs, stages and SQL executions for its UI and status
         # tracker (kept with the UI off too), by default 1,000 of each: a long-lived process
         # (the dashboard, whose live views pull every few seconds) grew its JVM's live heap
-        # with every job until then. 250 demo pulls (~750 jobs) in one process: live heap
-        # 59.9 -> 64.4 MB from about the 100th pull to the 161st (~23 KB per job kept); with 100:
-        # 56.4, 60.0, 60.3 MB at the 130th, 161st and 245th, the heap at the end 98 MB
-        # instead of 107 (stop 38, benchmarks/MEMORY.md). A pull looks at none of it.
+        # with every job until then (~23 KB per job kept; benchmarks/MEMORY.md). A pull looks
+        # at none of it.
         .set("spark.ui.retainedJobs", "100")
         .set("spark.ui.retainedStages", "100")
         .set("spark.sql.ui.retainedExecutions", "100")
@@ -509,52 +490,97 @@ def _classic_session(master: str, label: str = "--spark-master"):
     # project with spark.submit.pyFiles, a YARN queue...).
     for key, value in checks.spark_conf(os.environ.get(config.SPARK_CONF_ENVVAR)).items():
         conf.set(key, value)
-    log = open(spark_log_path(), "ab")  # the JVM keeps its own descriptor
-    sc = None
+    return conf
+
+
+def _fileno(stream: Any) -> int | None:
     try:
-        try:
-            gateway = launch_gateway(conf, popen_kwargs={"stdout": log, "stderr": log})
-        except Exception:
-            if not archived:
-                raise
-            # A JVM that dies at its start with the archive: again without it; when that one
-            # starts, the archive was the cause (damaged) and goes.
-            conf.set("spark.driver.extraJavaOptions", f"{java_options} {_crash_file()}".strip())
-            gateway = launch_gateway(conf, popen_kwargs={"stdout": log, "stderr": log})
-            class_archive.discard(archive)
-            archived = ""
-        jvm_launched.set()
-        sc = SparkContext(gateway=gateway, conf=conf)
-        sc.setLogLevel("WARN")
-        _wait_for_an_executor(sc, master, label)
-        if not archived:
-            class_archive.build_later(archive, java_options)
-        return SparkSession(sc)
-    except Exception as e:
-        if sc is not None:
+        return stream.fileno()
+    except (AttributeError, OSError, ValueError):
+        return None
+
+
+@contextlib.contextmanager
+def _descriptor_to(fd: int, path: Path, name: str) -> Iterator[None]:
+    """Descriptor ``fd`` is the file at ``path`` meanwhile, while ``sys.<name>`` (when it
+    writes to ``fd``) writes to a copy of what ``fd`` was: this process's own output still
+    reaches the terminal, what a process started meanwhile inherits goes to the file."""
+    stream = getattr(sys, name)
+    with contextlib.suppress(Exception):
+        stream.flush()
+    saved = os.dup(fd)
+    kept = None
+    try:
+        if _fileno(stream) == fd:
+            kept = open(os.dup(saved), "w", buffering=1,
+                        encoding=getattr(stream, "encoding", None) or "utf-8",
+                        errors="backslashreplace")
+            setattr(sys, name, kept)
+        with open(path, "ab") as log:
+            os.dup2(log.fileno(), fd)
+        yield
+    finally:
+        os.dup2(saved, fd)
+        os.close(saved)
+        if kept is not None:
+            setattr(sys, name, stream)
             with contextlib.suppress(Exception):
-                sc.stop()
+                kept.close()
+
+
+@contextlib.contextmanager
+def _child_output_to_log() -> Iterator[None]:
+    """While the JVM is launched, this process's descriptors 1 and 2 (which the JVM and the
+    Python workers it starts inherit) are Spark's log file: what they write (log4j's console,
+    the JVM's own warnings, a worker's traceback) goes there, not on the terminal. This
+    process's ``sys.stdout`` and ``sys.stderr`` still reach the terminal meanwhile; a C
+    library of this process writing to the descriptors in that window writes to the log."""
+    path = spark_log_path()
+    with _descriptor_to(1, path, "stdout"), _descriptor_to(2, path, "stderr"):
+        yield
+
+
+def _classic_session(master: str, label: str = "--spark-master"):
+    from pyspark.errors import PySparkRuntimeError
+    from pyspark.sql import SparkSession
+
+    try:  # this thread's session, else the process's (one SparkContext per process)
+        return SparkSession.active()
+    except PySparkRuntimeError:
+        pass  # none yet, or the last one was stopped
+    _check_standalone_master(master, label)
+    # A master given beside an exported SPARK_REMOTE wins (``spark_session``): Spark's launcher
+    # and pyspark's builder would take the variable for a Connect session (the launcher refuses
+    # both), so this process, whose one session is classic, drops it.
+    os.environ.pop(config.SPARK_REMOTE_ENVVAR, None)
+    address = driver_address(master)
+    if address:  # what the JVM, launched below, advertises (its block manager's files too)
+        os.environ["SPARK_LOCAL_IP"] = address
+    conf = _classic_conf(master, address)
+    spark = None
+    try:
+        with _child_output_to_log():
+            spark = SparkSession.builder.config(conf=conf).getOrCreate()
+        jvm_launched.set()
+        spark.sparkContext.setLogLevel("WARN")
+        _wait_for_an_executor(spark, master, label)
+        return spark
+    except Exception as e:
+        if spark is not None:
+            with contextlib.suppress(Exception):
+                spark.stop()
         if isinstance(e, InspectorError):
             raise
         raise SparkUnavailable(
             f"Spark did not start with master {master} ({one_line(e)}); Spark's log is "
             f"{spark_log_path()}."
         ) from e
-    finally:
-        log.close()
 
 
 EXECUTOR_WAIT_ENVVAR = "CSI_SPARK_EXECUTOR_WAIT_S"
 
 
-def _wait_for_an_executor(sc, master: str, label: str) -> None:
-    """A standalone master that gives the application no executor (no worker registered, or
-    none with the cores and memory an executor asks for) lets its jobs wait for ever without a
-    word: wait for the first executor (``$CSI_SPARK_EXECUTOR_WAIT_S``, default 60 s), else one
-    sentence. Not for YARN or Kubernetes, whose executors may only come with the first job."""
-    if not master.startswith("spark://") or sc.getConf().get(
-            "spark.dynamicAllocation.enabled", "false").lower() == "true":
-        return
+def _executor_wait_s() -> float:
     raw = os.environ.get(EXECUTOR_WAIT_ENVVAR, "60")
     try:
         wait_s = float(raw)
@@ -563,18 +589,46 @@ def _wait_for_an_executor(sc, master: str, label: str) -> None:
     if not 0 < wait_s <= 3600:
         raise BadInput(f"${EXECUTOR_WAIT_ENVVAR}={raw!r} is not a wait; give seconds from 1 "
                        "to 3600.")
-    tracker = sc._jsc.sc().statusTracker()
-    deadline = time.monotonic() + wait_s
-    while len(tracker.getExecutorInfos()) < 2:  # the driver is one of them
-        if time.monotonic() > deadline:
-            memory = sc.getConf().get("spark.executor.memory", "1g")
-            raise SparkUnavailable(
-                f"The Spark master at {master} gave this application no executor within "
-                f"{wait_s:.0f} s: no worker is registered with it, or none has a free core and "
-                f"the memory an executor asks for (spark.executor.memory {memory}); start a "
-                f"worker (README, 'Running on a cluster') or {_leave_out(label)} to use local "
-                "Spark.")
-        time.sleep(0.2)
+    return wait_s
+
+
+def _wait_for_an_executor(spark, master: str, label: str) -> None:
+    """A standalone master that gives the application no executor (no worker registered, or
+    none with the cores and memory an executor asks for) lets its jobs wait for ever without a
+    word: one task (a job of its own group) runs on the first executor; without one within
+    ``$CSI_SPARK_EXECUTOR_WAIT_S`` (default 60 s) the job is cancelled and one sentence says
+    why. Not for YARN or Kubernetes, whose executors may only come with the first job."""
+    sc = spark.sparkContext
+    if not master.startswith("spark://") or sc.getConf().get(
+            "spark.dynamicAllocation.enabled", "false").lower() == "true":
+        return
+    wait_s = _executor_wait_s()
+    group = f"csi-executor-wait-{os.getpid()}"
+    ran = threading.Event()
+    failed: list[BaseException] = []
+
+    def probe() -> None:
+        try:
+            sc.setJobGroup(group, "waiting for a first executor", interruptOnCancel=True)
+            spark.range(0, 1, 1, 1).count()
+        except BaseException as e:
+            failed.append(e)
+        finally:
+            ran.set()
+
+    threading.Thread(target=probe, daemon=True, name="spark-executor-wait").start()
+    if not ran.wait(wait_s):
+        with contextlib.suppress(Exception):
+            sc.cancelJobGroup(group)
+        memory = sc.getConf().get("spark.executor.memory", "1g")
+        raise SparkUnavailable(
+            f"The Spark master at {master} gave this application no executor within "
+            f"{wait_s:.0f} s: no worker is registered with it, or none has a free core and "
+            f"the memory an executor asks for (spark.executor.memory {memory}); start a "
+            f"worker (README, 'Running on a cluster') or {_leave_out(label)} to use local "
+            "Spark.")
+    if failed:
+        raise failed[0]
 
 
 def _check_standalone_master(master: str, label: str = "--spark-master") -> None:
@@ -636,42 +690,9 @@ def task_slots(spark) -> int:
     return max(1, int(spark.sparkContext.defaultParallelism))
 
 
-def is_remote(spark) -> bool:
-    return type(spark).__module__.startswith("pyspark.sql.connect")
-
-
 def arrow_batches(spark, df) -> Iterator[Any]:
-    """The DataFrame's rows as Arrow record batches, streamed to the driver through Spark as
-    the tasks finish (in no particular order); the driver holds one batch at a time."""
-    if is_remote(spark):
-        yield from _connect_batches(spark, df)
-    else:
-        yield from _classic_batches(df)
-
-
-def _classic_batches(df) -> Iterator[Any]:
-    import pyarrow as pa
-    from pyspark.serializers import UTF8Deserializer, read_int
-    from pyspark.util import _create_local_socket
-
-    port, secret, server = df._jdf.collectAsArrowToPython()
-    sockfile, sock = _create_local_socket((port, secret))
-    try:
-        yield from pa.ipc.open_stream(sockfile)
-        # Then the JVM sends the batches' partition order (unused), or -1 and an error.
-        if read_int(sockfile) == -1:
-            raise SparkUnavailable(f"The Spark job failed: {UTF8Deserializer().loads(sockfile)}")
-    finally:
-        sockfile.close()
-        sock.close()
-        server.getResult()  # raises the job's own error, if any
-
-
-def _connect_batches(spark, df) -> Iterator[Any]:
-    import pyarrow as pa
-
-    client = spark.client
-    plan = df._plan.to_proto(client)
-    for item in client.to_table_as_iterator(plan, df._plan.observations):
-        if isinstance(item, pa.Table):
-            yield from item.to_batches()
+    """The DataFrame's rows as Arrow record batches, once its job ended (``DataFrame.toArrow``,
+    public on classic Spark and Spark Connect alike). A pull bounds each job (one task, a row
+    and time budget), so the driver holds one task's results at a time per job."""
+    del spark  # the DataFrame knows its session; kept for callers that name it
+    yield from df.toArrow().to_batches()
