@@ -13,7 +13,9 @@ exists or not.
 
 from __future__ import annotations
 
+import atexit
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Iterable, Iterator
@@ -27,6 +29,9 @@ from spark_backend.model.errors import BadInput, InspectorError
 
 IMPORT_ROOT_ENVVAR = "CSI_IMPORT_ROOT"
 _CHUNK = 1 << 20  # bytes copied at a time from an upload to its temporary file
+UPLOAD_PREFIX = "csi-upload-"  # + pid + "-": a folder of uploads being imported
+_UPLOAD_NAME = re.compile(rf"{UPLOAD_PREFIX}(\d+)-")
+_LIVE: set[Path] = set()  # this process's upload folders in use
 
 
 class Upload(Protocol):
@@ -108,12 +113,15 @@ def _shown(root: Path, path: Path) -> str:
 def uploads_on_disk(uploads: Iterable[Upload]) -> Iterator[list[str]]:
     """The uploaded files copied (a chunk at a time) into a private temporary folder (mode 0700,
     one subfolder per upload, each under its own base name); yields their paths and removes the
-    folder when the block ends, however it ends."""
+    folder when the block ends, however it ends, or at the latest when the process exits (or,
+    killed, at the next upload of any dashboard process)."""
     uploads = list(uploads)
     if not uploads:
         yield []
         return
-    folder = Path(tempfile.mkdtemp(prefix="csi-upload-"))
+    _remove_orphans()
+    folder = Path(tempfile.mkdtemp(prefix=f"{UPLOAD_PREFIX}{os.getpid()}-"))
+    _LIVE.add(folder)
     try:
         paths = []
         for i, upload in enumerate(uploads):
@@ -131,6 +139,34 @@ def uploads_on_disk(uploads: Iterable[Upload]) -> Iterator[list[str]]:
         yield paths
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+        _LIVE.discard(folder)
+
+
+def _remove_live() -> None:
+    """At exit: the folders of imports still running (a server stopped in the middle)."""
+    for folder in list(_LIVE):
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+atexit.register(_remove_live)
+
+
+def _remove_orphans() -> None:
+    """Upload folders whose process is gone (killed before its exit handler ran)."""
+    for entry in Path(tempfile.gettempdir()).glob(f"{UPLOAD_PREFIX}*"):
+        found = _UPLOAD_NAME.match(entry.name)
+        if found and entry.is_dir() and not _alive(int(found.group(1))):
+            shutil.rmtree(entry, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def _copy(source: Upload, out: IO[bytes]) -> None:

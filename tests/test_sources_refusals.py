@@ -6,7 +6,10 @@ No test here gets as far as Spark: a refusal comes before any file is read."""
 
 from __future__ import annotations
 
+import io
+import os
 import re
+import shutil
 import stat
 from pathlib import Path
 
@@ -165,8 +168,6 @@ def test_paths_under_the_folder_are_resolved_and_expanded(tree, monkeypatch):
 
 
 def test_uploads_live_in_a_private_folder_only_while_used(tmp_path):
-    import io
-
     class Named(io.BytesIO):
         def __init__(self, name: str, data: bytes):
             super().__init__(data)
@@ -188,6 +189,29 @@ def test_uploads_live_in_a_private_folder_only_while_used(tmp_path):
     assert not folder.exists()
     with import_roots.uploads_on_disk([]) as none:
         assert none == []
+
+
+def test_upload_folders_of_a_killed_process_are_removed_by_the_next_upload(tmp_path):
+    import subprocess
+    import sys
+    import tempfile
+
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)
+    orphan = Path(tempfile.gettempdir()) / f"csi-upload-{int(gone.stdout)}-test"
+    (orphan / "0").mkdir(parents=True)
+    (orphan / "0" / "left.jsonl").write_bytes(b"{}")
+    mine = Path(tempfile.mkdtemp(prefix=f"csi-upload-{os.getpid()}-"))  # alive: kept
+    try:
+        upload = io.BytesIO(b"x")
+        upload.name = "x.jsonl"
+        with import_roots.uploads_on_disk([upload]) as paths:
+            assert Path(paths[0]).parent.parent.name.startswith(f"csi-upload-{os.getpid()}-")
+            assert not orphan.exists()
+            assert mine.is_dir()
+    finally:
+        shutil.rmtree(orphan, ignore_errors=True)
+        shutil.rmtree(mine, ignore_errors=True)
 
 
 # --- the cache file typed in the sidebar: only in the start-up cache's folder ------------------
