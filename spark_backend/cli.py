@@ -3,6 +3,10 @@
 Every failure is one line on stderr and a non-zero exit (2: bad input, 1: the source or the
 pull failed, 3: `report --fail-on-stall` found a stalled partition); never a traceback. Every
 value is checked before anything starts (Spark, servers, emulators, the cache file).
+SIGINT and SIGTERM, at any moment, end the command within seconds with one sentence on stderr
+and exit 128 + the signal (130, 143): a pull is recorded as interrupted (the next one resumes
+it) and every process the command started (Spark's JVM and Python workers, an emulator) ends
+before it does; a second signal stops it at once.
 Progress is one updating line on a terminal's stderr, plain lines on stdout otherwise, so that
 stderr holds errors only.
 """
@@ -13,15 +17,24 @@ import argparse
 import contextlib
 import json
 import os
+import signal
 import sys
+import threading
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from spark_backend.model import checks, config
+from spark_backend.model import checks, config, interrupts
 from spark_backend.model.errors import BadInput, CacheError, InspectorError
 
 EXIT_FAILED, EXIT_BAD_INPUT, EXIT_STALLED = 1, 2, 3
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: what a shell reports for a writer whose reader left
+EXIT_SIGNALLED = 128  # + the signal's number, as a shell reports a command a signal ended
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+# How long the processes this command started get to end after SIGTERM (Spark's JVM stops its
+# context and its Python workers), and then after SIGKILL.
+CHILD_GRACE_S = 5.0
 
 
 class _Parser(argparse.ArgumentParser):
@@ -123,6 +136,7 @@ class _Progress:
         self.tty = sys.stderr.isatty()
 
     def __call__(self, p: Any) -> None:
+        _keep_signal_handlers()
         if hasattr(p, "wave"):
             text = (f"wave {p.wave}: {p.partitions_done}/{p.partitions_total} partitions, "
                     f"{p.counted()} - {p.message}")
@@ -170,6 +184,38 @@ def _open_cache(path: str, *, landing: str | None = None):
         return Cache(path, memory_limit=limit, threads=config.PULL_THREADS,
                      allocator=config.PULL_ALLOCATOR)
     return Cache(path, memory_limit=config.DEFAULT_MEMORY_LIMIT)
+
+
+@contextlib.contextmanager
+def _landing_cache(path: str, landing: str) -> Iterator[Any]:
+    """``_open_cache(path, landing=...)``; a file it created is removed again at the end when
+    nothing landed in it (Spark or the source failed at once, or a signal came first): it
+    would only say "holds no stream yet". Asked on the open connection before it closes: a
+    second open of the file in this process, after an interrupted query, is never needed."""
+    creates = not os.path.lexists(path)
+    cache = _open_cache(path, landing=landing)
+    empty = False
+    try:
+        yield cache
+    finally:
+        if creates:
+            empty = _holds_nothing(cache)
+        cache.close()
+        if empty:
+            for leftover in (path, f"{path}.wal"):
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(leftover)
+
+
+def _holds_nothing(cache: Any) -> bool:
+    import duckdb
+
+    try:
+        (n,) = cache.con.execute("SELECT (SELECT count(*) FROM streams) + "
+                                 "(SELECT count(*) FROM quarantine)").fetchone()
+    except (duckdb.Error, RuntimeError):  # a connection an interrupt left unusable: kept
+        return False
+    return n == 0
 
 
 def _open_for_reading(path: str):
@@ -315,9 +361,13 @@ def cmd_pull(args) -> int:
 
     request = _request(args)
     progress = _Progress()
-    with _open_cache(args.cache, landing="pull") as cache:
+    with _landing_cache(args.cache, "pull") as cache:
+        _start_spark_aside(args.spark_master, args.spark_remote)
         result = run_pull(cache, request, progress)
     progress.done()
+    if result.status == "failed" and interrupts.requested() is not None:
+        raise KeyboardInterrupt  # the signal surfaced as the pull's failure: it is recorded
+        # as interrupted (``Cache.finish_pull``) and said as such
     if result.status == "failed":
         print(f"error: {result.error}", file=sys.stderr)
         return EXIT_FAILED
@@ -327,6 +377,31 @@ def cmd_pull(args) -> int:
     print(f"{result.stream}: pulled {result.records:,} records from {result.partitions_read} "
           f"partitions in {result.waves} waves ({result.seconds:.1f}s) into {args.cache}")
     return 0
+
+
+def _start_spark_aside(master: str | None, remote: str | None) -> None:
+    """Spark's session, started on a thread of its own while the main thread waits (the pull
+    then finds it started). On the main thread pyspark installs a SIGINT handler of its own
+    (``_on_signal`` would no longer see Ctrl-C), and a signal landing amid Spark's imports left
+    modules half imported (``partially initialized module 'pandas'``); a wait is where a signal
+    interrupts the main thread cleanly."""
+    done = threading.Event()
+    failed: list[BaseException] = []
+
+    def start() -> None:
+        try:
+            from spark_backend.spark.session import spark_session
+
+            spark_session(master, remote)
+        except BaseException as e:
+            failed.append(e)
+        finally:
+            done.set()
+
+    threading.Thread(target=start, name="spark-start", daemon=True).start()
+    done.wait()
+    if failed:
+        raise failed[0]
 
 
 def _pull_beam(args) -> int:
@@ -364,7 +439,7 @@ def cmd_import(args) -> int:
 
     options = _options(args)
     progress = _Progress()
-    with _open_cache(args.cache, landing="import") as cache:
+    with _landing_cache(args.cache, "import") as cache:
         result = import_files(cache, args.stream, args.format, args.paths, options, progress,
                               spark_master=args.spark_master,
                               spark_remote=args.spark_remote)
@@ -484,38 +559,155 @@ COMMANDS = {"pull": cmd_pull, "import": cmd_import, "export": cmd_export, "repor
             "history": cmd_history}
 
 
-def _remove_if_left_empty(path: str) -> None:
-    """A cache file a failed pull or import created, removed again when no stream landed in
-    it (Spark or the source failed at once): it would only say "holds no stream yet"."""
-    import duckdb
+def _on_signal(signum: int, frame: Any) -> None:
+    """The first SIGINT/SIGTERM: recorded, then raised as ``KeyboardInterrupt`` where the main
+    thread is, so that the command unwinds (a pull records itself interrupted, the cache
+    closes). A second one stops the process at once: what is committed in the cache is as
+    safe as after a kill, and the next read-write open recovers the rest."""
+    if interrupts.requested() is None:
+        interrupts.request(signum)
+        raise KeyboardInterrupt
+    _Progress.done()
+    os.write(_Said.stderr or 2, f"stopped at once by a second {interrupts.name(signum)}: the "
+                                "cache is recovered by the next pull or import.\n".encode())
+    _stop_descendants(grace_s=0.0)
+    os._exit(EXIT_SIGNALLED + interrupts.requested())
 
-    try:
-        con = duckdb.connect(path, read_only=True)
+
+def _descendants(pid: int) -> list[int]:
+    """Every living process below ``pid`` (the children of all its threads, theirs...)."""
+    out, todo = [], [pid]
+    while todo:
+        parent = todo.pop()
         try:
-            empty = con.execute("SELECT (SELECT count(*) FROM streams) + "
-                                "(SELECT count(*) FROM quarantine)").fetchone()[0] == 0
-        finally:
-            con.close()
-    except duckdb.Error:  # not a cache this run finished creating, or held: left as it is
+            tasks = os.listdir(f"/proc/{parent}/task")
+        except OSError:
+            continue
+        for task in tasks:
+            try:
+                children = Path(f"/proc/{parent}/task/{task}/children").read_text().split()
+            except OSError:
+                continue
+            for child in map(int, children):
+                if child not in out:
+                    out.append(child)
+                    todo.append(child)
+    return [p for p in out if _running(p)]
+
+
+def _running(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[-1].split()[0] not in ("Z", "X")  # not a zombie or dead
+
+
+def _reap_children() -> None:
+    with contextlib.suppress(ChildProcessError):
+        while os.waitpid(-1, os.WNOHANG)[0] > 0:
+            pass
+
+
+def _stop_descendants(grace_s: float = CHILD_GRACE_S) -> None:
+    """End every process this one started, and theirs: SIGTERM (Spark's JVM then stops its
+    Python workers itself), then SIGKILL to what is left after ``grace_s``. The tree is read
+    again on each round, so that a worker whose JVM ended first (it is then the init's child)
+    is not lost."""
+    known: set[int] = set()
+    for sig, grace in ((signal.SIGTERM, grace_s), (signal.SIGKILL, CHILD_GRACE_S)):
+        known = {p for p in known | set(_descendants(os.getpid())) if _running(p)}
+        for pid in known:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, sig)
+        until = time.monotonic() + grace
+        while True:
+            _reap_children()
+            known = {p for p in known | set(_descendants(os.getpid())) if _running(p)}
+            if not known:
+                return
+            if time.monotonic() >= until:
+                break
+            time.sleep(0.05)
+
+
+def _keep_signal_handlers() -> None:
+    """``_on_signal`` again where a library replaced it while the command runs (pyspark
+    installs a SIGINT handler of its own when a Spark context starts on the main thread, as
+    an import's does)."""
+    if (_Said.handling and threading.current_thread() is threading.main_thread()
+            and signal.getsignal(signal.SIGINT) is not _on_signal):
+        signal.signal(signal.SIGINT, _on_signal)
+
+
+@contextlib.contextmanager
+def _stop_signals() -> Iterator[None]:
+    """SIGINT and SIGTERM handled by ``_on_signal`` while a command runs (main thread only;
+    the handlers before are restored after)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
         return
-    if empty:
-        for leftover in (path, f"{path}.wal"):
-            with contextlib.suppress(FileNotFoundError):
-                os.remove(leftover)
+    interrupts.clear()
+    _Said.interrupted = False
+    before = {sig: signal.signal(sig, _on_signal) for sig in STOP_SIGNALS}
+    _Said.handling = True
+    _Said.stderr = os.dup(2)
+    try:
+        yield
+    finally:
+        os.close(_Said.stderr)
+        _Said.stderr = None
+        _Said.handling = False
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
 
 
 def main(argv: list[str] | None = None) -> int:
     config.quiet_local_client_env()
     args = build_parser().parse_args(argv)
-    creates = args.command in ("pull", "import") and not os.path.lexists(args.cache)
-    failed = True
+    with _stop_signals():
+        try:
+            code = _run(args)
+        except KeyboardInterrupt:  # the signal came after the command's own handling
+            code = _interrupted(args)
+        if interrupts.requested() is not None:
+            if not _Said.interrupted:
+                code = _interrupted(args)
+            _stop_descendants()
+    return code
+
+
+class _Said:
+    interrupted = False  # the sentence of a signal is on stderr (said once)
+    handling = False  # ``_stop_signals`` installed ``_on_signal`` for this command
+    stderr: int | None = None  # a copy of descriptor 2 as the command found it
+
+
+def _interrupted(args) -> int:
+    """The one sentence and the exit code of a command a signal (or Ctrl-C) ended."""
+    _Progress.done()
+    _Said.interrupted = True
+    signum = interrupts.requested()
+    how = ("interrupted" if signum in (None, signal.SIGINT)
+           else f"stopped by {interrupts.name(signum)}")
+    again = ("; run the same pull again to resume" if args.command == "pull" else "")
+    _say(f"{how}: the cache is consistent{again}.")
+    return EXIT_SIGNALLED + (signum or signal.SIGINT)
+
+
+def _say(line: str) -> None:
+    """``line`` on the command's standard error as it found it: a library may point
+    descriptor 2 elsewhere for a while (Spark's start sends it to Spark's log), and a signal
+    can end the command in that while."""
+    sys.stderr.flush()
     try:
-        code = _run(args)
-        failed = code != 0
-        return code
-    finally:
-        if creates and failed and os.path.isfile(args.cache):
-            _remove_if_left_empty(args.cache)
+        to_fd2 = sys.stderr.fileno() == 2
+    except (AttributeError, OSError, ValueError):  # a test's capture
+        to_fd2 = False
+    if to_fd2 and _Said.stderr is not None:
+        os.write(_Said.stderr, f"{line}\n".encode())
+    else:
+        print(line, file=sys.stderr, flush=True)
 
 
 def _run(args) -> int:
@@ -523,25 +715,37 @@ def _run(args) -> int:
         check_args(args)
         code = COMMANDS[args.command](args)
         sys.stdout.flush()  # here, not at exit: a closed pipe is then caught below
-        return code
-    except BadInput as e:
-        _Progress.done()  # the error on a line of its own, not after a progress line
-        print(f"error: {e}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    except InspectorError as e:
-        _Progress.done()
-        print(f"error: {e}", file=sys.stderr)
-        return EXIT_FAILED
+        return code if interrupts.requested() is None else _interrupted(args)
     except BrokenPipeError:  # what reads stdout closed it (``report | head``): stop quietly
         _stdout_gone()
         return EXIT_BROKEN_PIPE
     except KeyboardInterrupt:
-        _Progress.done()
-        again = ("; run the same pull again to resume" if args.command == "pull" else "")
-        print(f"interrupted: the cache is consistent{again}.", file=sys.stderr)
-        return 130
-    except Exception as e:  # last resort: still one line, never a traceback
-        _Progress.done()
-        first = (str(e).splitlines() or [""])[0]
-        print(f"error: unexpected {type(e).__name__}: {first}", file=sys.stderr)
-        return EXIT_FAILED
+        if (interrupts.requested() is None and _Said.handling
+                and signal.getsignal(signal.SIGINT) is not _on_signal):
+            interrupts.request(signal.SIGINT)  # Ctrl-C, through the handler pyspark installed
+        return _interrupted(args)
+    except Exception as e:
+        if interrupts.requested() is not None:  # the signal, surfaced as another error
+            return _interrupted(args)
+        _Progress.done()  # the error on a line of its own, not after a progress line
+        _say(f"error: {_sentence(e, args)}")
+        return EXIT_BAD_INPUT if isinstance(e, BadInput) else EXIT_FAILED
+
+
+def _sentence(error: Exception, args) -> str:
+    """What the user reads of ``error``: the project's errors as they are, DuckDB's about the
+    cache file as a sentence naming it, anything else still on one line."""
+    import duckdb
+
+    if isinstance(error, InspectorError):
+        return str(error)
+    if isinstance(error, duckdb.Error):
+        from spark_backend.cache.store import cache_failure
+
+        return cache_failure(args.cache, error)
+    first = (str(error).splitlines() or [""])[0]
+    return f"unexpected {type(error).__name__}: {first}"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

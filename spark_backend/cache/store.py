@@ -7,6 +7,7 @@ Thread safety: one ``Cache`` per thread (DuckDB connections are not shared acros
 from __future__ import annotations
 
 import contextlib
+import functools
 import glob
 import json
 import os
@@ -22,6 +23,7 @@ from typing import Any
 import duckdb
 
 from spark_backend.cache.schema import DDL, DROPPED_IN_2, SCHEMA_VERSION, UNKEYED_IN_2
+from spark_backend.model import interrupts
 from spark_backend.model.config import DEFAULT_MEMORY_LIMIT, MEMORY_ENVVAR, THREADS_ENVVAR
 from spark_backend.model.errors import BadInput, CacheError
 
@@ -192,10 +194,60 @@ def _check_ours(con: duckdb.DuckDBPyConnection, path: Path) -> None:
             f"{path} is a DuckDB database but not a cache of this tool (it holds {shown}); it "
             "was left untouched: give a new file or a cache made by this tool."
         )
-    if not str(version).isdigit() or int(version) > SCHEMA_VERSION:
+    if not re.fullmatch(r"[0-9]{1,9}", str(version)) or int(version) < 1:
+        raise CacheError(
+            f"{path} names its schema version {version!r}, which is not a version of this "
+            f"tool's caches (a whole number from 1 to {SCHEMA_VERSION}): it is damaged or was "
+            "changed outside this tool, and was left untouched: give a new file or a cache "
+            "made by this tool."
+        )
+    if int(version) > SCHEMA_VERSION:
         raise CacheError(
             f"{path} is a cache of schema version {version}, newer than this tool's "
             f"({SCHEMA_VERSION}); it was left untouched: update the tool or give another file."
+        )
+    if int(version) == SCHEMA_VERSION:
+        _check_columns(con, path)
+
+
+@functools.lru_cache(maxsize=1)
+def _schema_columns() -> dict[str, frozenset[str]]:
+    """The columns of every table the schema creates (``ALTER``s add columns that a read-write
+    open adds to older files: not counted)."""
+    con = duckdb.connect(":memory:")
+    try:
+        for stmt in DDL:
+            if stmt.lstrip().upper().startswith("CREATE TABLE"):
+                con.execute(stmt)
+        rows = con.execute("SELECT table_name, column_name FROM duckdb_columns() "
+                           "WHERE database_name = current_database()").fetchall()
+    finally:
+        con.close()
+    tables: dict[str, set[str]] = {}
+    for table, column in rows:
+        tables.setdefault(table, set()).add(column)
+    return {table: frozenset(columns) for table, columns in tables.items()}
+
+
+def _check_columns(con: duckdb.DuckDBPyConnection, path: Path) -> None:
+    """A cache of this schema version whose tables lack some of the schema's columns was
+    changed outside this tool: refuse it, untouched (every query of it would fail on its
+    own). A table that is missing altogether is created by the next read-write open."""
+    have: dict[str, set[str]] = {}
+    for table, column in con.execute(
+            "SELECT table_name, column_name FROM duckdb_columns() "
+            "WHERE database_name = current_database()").fetchall():
+        have.setdefault(table, set()).add(column)
+    missing = [f"{table}.{column}" for table, columns in sorted(_schema_columns().items())
+               if table in have for column in sorted(columns - have[table])]
+    if missing:
+        shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5
+                                          else "")
+        raise CacheError(
+            f"{path} is a cache of schema version {SCHEMA_VERSION} whose tables lack "
+            f"{'a column' if len(missing) == 1 else 'columns'} of that schema ({shown}): it was "
+            "changed outside this tool, and was left untouched: give a new file, or pull or "
+            "import again into one."
         )
 
 
@@ -233,6 +285,48 @@ def clean_staging(cache_path: str | Path) -> list[Path]:
         if not entry.exists():
             removed.append(entry)
     return removed
+
+
+def _remove_dead_temp(cache_path: Path) -> None:
+    """DuckDB's spill folder beside the cache (``<file>.tmp``) that a killed process left (its
+    own close removes it): called while this process holds the cache, before it spills."""
+    folder = Path(f"{cache_path}.tmp")
+    if folder.is_symlink() or not folder.is_dir():
+        return
+    for entry in folder.glob("duckdb_temp_*"):
+        with contextlib.suppress(OSError):
+            entry.unlink()
+    with contextlib.suppress(OSError):
+        folder.rmdir()  # only when nothing else is in it
+
+
+def disk_full(error: Exception) -> bool:
+    """DuckDB's error says the disk is full: a write that failed (WAL, checkpoint), or a spill
+    refused because the temporary folder's disk has no room (an ``OutOfMemoryException``
+    whose cause is the disk, not the memory limit)."""
+    text = str(error)
+    return "No space left on device" in text or "max_temp_directory_size" in text
+
+
+def cache_failure(path: str | Path, error: Exception) -> str:
+    """One sentence for an error DuckDB raised about the cache file ``path`` (a command that
+    read or wrote it): what is wrong with the file or the machine, and what to do."""
+    first = (str(error).splitlines() or [""])[0]
+    if disk_full(error):
+        return (f"The disk of the cache {path} is full ({first}); free space there (or give a "
+                "cache on another disk) and run again: what was committed before is kept.")
+    if isinstance(error, duckdb.OutOfMemoryException):
+        return (f"DuckDB ran out of its memory limit on the cache {path} ({first}); give it "
+                f"more with ${MEMORY_ENVVAR} (e.g. {MEMORY_ENVVAR}=2GB) and run again.")
+    if isinstance(error, duckdb.IOException | duckdb.SerializationException |
+                  duckdb.InternalException):
+        return (f"The cache {path} is damaged: DuckDB cannot read part of it ({first}); pull "
+                "or import the streams again into a new cache file, or restore a copy.")
+    if isinstance(error, duckdb.BinderException | duckdb.CatalogException):
+        return (f"The cache {path} does not have the tables and columns this tool's queries "
+                f"need ({first}); it was changed outside this tool: give a new file, or pull "
+                "or import again into one.")
+    return f"The cache {path} failed ({type(error).__name__}: {first})."
 
 
 def _staging_owner(folder: Path) -> str | None:
@@ -395,6 +489,7 @@ class Cache:
             [live],
         )
         clean_staging(self.path)
+        _remove_dead_temp(self.path)
         if not live:
             for (key,) in self.con.execute(
                     "SELECT key FROM meta WHERE starts_with(key, ?)", [_UNSUMMARIZED]).fetchall():
@@ -536,6 +631,17 @@ class Cache:
         self, pull_id: int, status: str, *, error: str | None = None,
         failed_partition: str | None = None, waves: int | None = None,
     ) -> None:
+        """Record the pull's end and bring the transaction summary up to date.
+
+        In a process asked to stop (``interrupts.requested()``) a pull that "failed" was ended
+        by the signal (the errors it surfaces as are DuckDB's "Query interrupted", a cut-off
+        import, a Spark start that did not finish): it is recorded ``interrupted``, and the
+        summary is left to the next read-write open (its mark stays), so that the process
+        ends within seconds."""
+        stop = interrupts.requested()
+        if stop is not None and status == "failed":
+            status = "interrupted"
+            error = f"interrupted by {interrupts.name(stop)}; pull again to resume"
         with self.transaction():
             self.con.execute(
                 "UPDATE pulls SET status = ?, error = ?, failed_partition = ?, "
@@ -558,7 +664,8 @@ class Cache:
         try:
             (stream,) = self.con.execute(
                 "SELECT stream FROM pulls WHERE pull_id = ?", [pull_id]).fetchone()
-            self._summarize_in_room(stream)
+            if interrupts.requested() is None:
+                self._summarize_in_room(stream)
         finally:
             _ACTIVE_PULLS.get(_key(self.path), set()).discard(pull_id)
 

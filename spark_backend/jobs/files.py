@@ -61,6 +61,11 @@ def scan_paths(paths: Iterable[str]) -> tuple[list[Path], list[tuple[str, str]]]
 
 def _not_regular(path: Path) -> str:
     if path.is_symlink() and not path.exists():
+        try:
+            os.stat(path)
+        except OSError as e:
+            if e.errno == errno.ELOOP:
+                return "a symbolic link in a loop (it leads back to itself); give a file"
         return "a broken symbolic link"
     return "not a regular file (a device, pipe or socket); only files are imported"
 

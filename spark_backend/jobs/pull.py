@@ -24,7 +24,7 @@ from typing import Any
 
 import duckdb
 
-from spark_backend.cache.store import Cache
+from spark_backend.cache.store import Cache, disk_full
 from spark_backend.jobs.pull_jobs import JOB_DONE, Jobs
 from spark_backend.jobs.pull_plan import Plan, Wave
 from spark_backend.jobs.pull_sources import OpenSource, demo_world, source_for
@@ -337,7 +337,9 @@ def _cache_failed(cache: Cache, error: Exception, doing: str) -> str:
     """One sentence for a write the cache's DuckDB refused (not Spark's, not the source's)."""
     first = (str(error).splitlines() or [""])[0]
     advice = "pull again to resume"
-    if isinstance(error, duckdb.OutOfMemoryException):
+    if disk_full(error):  # DuckDB says "Out of Memory" when its spill finds the disk full
+        advice = f"free space on the disk of {cache.path} and {advice}"
+    elif isinstance(error, duckdb.OutOfMemoryException):
         name = config.MEMORY_ENVVAR
         advice = f"give DuckDB more memory with ${name} (e.g. {name}=256MB) and {advice}"
     return (f"The cache {cache.path} failed while {doing} ({first}); what landed before is "
