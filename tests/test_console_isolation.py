@@ -12,7 +12,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
@@ -22,6 +21,7 @@ from app import console_process, console_snapshot, sql_console
 from spark_backend.cache.store import Cache
 from spark_backend.demo.world import build_world
 from tests.support.demo_cache import land_world
+from tests.support.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 MAIN = str(ROOT / "app" / "main.py")
@@ -160,6 +160,7 @@ def test_a_memory_bomb_stops_at_the_memory_limit(cache, untouched):
     still_serves(cache)
 
 
+@pytest.mark.slow
 def test_the_answer_is_capped_in_bytes_not_only_rows(cache, untouched):
     # 300 MB in 10,000 rows (the row cap): past the byte cap
     message = refused(cache, "SELECT repeat('x', 30000) FROM range(10000)", sql_console.TooLarge)
@@ -198,6 +199,7 @@ def run_on_page(at: AppTest, sql: str) -> list[str]:
     return [e.value for e in at.error]
 
 
+@pytest.mark.slow
 def test_the_page_answers_each_case_with_one_sentence(cache, untouched, tmp_path):
     at = app(cache)
     cases = {
@@ -252,16 +254,7 @@ EXITING = textwrap.dedent("""
 """)
 
 
-def until(condition, what: str, timeout: float = 120.0):
-    """Poll ``condition`` until it holds (a process appearing or going): fails after
-    ``timeout`` s."""
-    end = time.monotonic() + timeout
-    while not (value := condition()):
-        assert time.monotonic() < end, f"{what} did not happen within {timeout:g} s"
-        time.sleep(0.05)
-    return value
-
-
+@pytest.mark.slow
 def test_nothing_of_the_worker_outlives_the_dashboard(tmp_path):
     """A dashboard killed mid-query takes its worker with it; its snapshot folder is removed
     by the next process; a dashboard that exits removes its own."""
@@ -272,10 +265,11 @@ def test_nothing_of_the_worker_outlives_the_dashboard(tmp_path):
     dash = subprocess.Popen([sys.executable, "-c", KILLED_PARENT, str(path)], env=env,
                             stdout=subprocess.PIPE, text=True)
     killed_folder = Path(dash.stdout.readline().strip())
-    [worker] = until(lambda: workers(dash.pid), "the worker's start")
+    wait_until(lambda: workers(dash.pid), "the worker's start")
+    [worker] = workers(dash.pid)
     dash.send_signal(signal.SIGKILL)
     dash.wait()
-    until(lambda: not Path(f"/proc/{worker}").exists()
+    wait_until(lambda: not Path(f"/proc/{worker}").exists()
           or "Z" in Path(f"/proc/{worker}/stat").read_text().rsplit(")", 1)[1].split()[0],
           "the worker's end")
     assert killed_folder.exists()  # killed: its exit handler never ran
