@@ -2,7 +2,7 @@
 
 import streamlit as st
 
-from app import dag_layout, figures, resources, state, widgets
+from app import dag_layout, figures, overview_view, resources, state, widgets
 from app.formatting import clock, range_clip_note, to_datetime
 from app.safe import md
 
@@ -31,15 +31,19 @@ if selected and selected not in tokens:
                 "list."))
     selected = None
 
-now = resources.current_state(c.path, c.version, c.stream, c.start_ns, c.end_ns)
+# Without heartbeats (Datastream, ...) a quiet partition is only quiet: no stall marks.
+beats = overview_view.freshness(c.path, c.version, c.stream).heartbeats
+now = (resources.current_state(c.path, c.version, c.stream, c.start_ns, c.end_ns) if beats
+       else None)
 holder = now["holder"] if now and now["lag_s"] > c.stall_s else None
-found = resources.stalls(c.path, c.version, c.stream, c.stall_s, c.start_ns, c.end_ns)
+found = (resources.stalls(c.path, c.version, c.stream, c.stall_s, c.start_ns, c.end_ns)
+         if beats else [])
 notes, spans = {}, []
 if found:
     w = found[0]
     until = w["until_ns"] or w["last_ns"]
     notes[w["partition"]] = (f"silent {clock(w['since_ns'])}–"
-                             + ("now" if w["ongoing"] else clock(until)))
+                             + ("now" if w["ongoing"] else f"{clock(until)} UTC"))
     spans.append((w["partition"], w["since_ns"], until))
 
 kinds = edges["kind"].value_counts()

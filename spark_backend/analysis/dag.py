@@ -5,6 +5,7 @@ from __future__ import annotations
 import duckdb
 import pandas as pd
 
+from spark_backend.analysis.systems import has_heartbeats
 from spark_backend.model.enums import EdgeKind
 
 EDGE_KINDS = tuple(k.value for k in (EdgeKind.ROOT, EdgeKind.SPLIT, EdgeKind.MERGE, EdgeKind.MOVE,
@@ -80,7 +81,8 @@ def partitions(
     con: duckdb.DuckDBPyConnection, stream: str, stall_after_s: float = 60.0
 ) -> pd.DataFrame:
     """One row per partition: token, parents, children, start/end/watermark (ns), state,
-    finished, counts, lag_s behind the range end, stalled."""
+    finished, counts, lag_s behind the range end, stalled (never for a system without
+    heartbeats: ``systems.has_heartbeats``)."""
     reference = range_end_ns(con, stream)
     df = con.execute(
         """
@@ -109,8 +111,15 @@ def partitions(
         return df
     lag = (reference - df["watermark_ns"].astype("float64")) / 1e9
     df["lag_s"] = lag.where(~df["finished"], 0.0).fillna(0.0)
-    df["stalled"] = (~df["finished"]) & (df["lag_s"] > stall_after_s)
+    # Only where partitions vouch for progress (heartbeats) is a quiet one stalled.
+    beats = has_heartbeats(con, stream, _system(con, stream))
+    df["stalled"] = (~df["finished"]) & (df["lag_s"] > stall_after_s) & beats
     return df
+
+
+def _system(con: duckdb.DuckDBPyConnection, stream: str) -> str | None:
+    row = con.execute("SELECT system FROM streams WHERE stream = ?", [stream]).fetchone()
+    return row[0] if row else None
 
 
 def partition_detail(con: duckdb.DuckDBPyConnection, stream: str, token: str) -> dict:
