@@ -30,6 +30,7 @@ from typing import Any
 
 import duckdb
 import pandas as pd
+import pyarrow as pa
 
 from . import console_process, console_snapshot
 
@@ -165,7 +166,12 @@ def run(con: duckdb.DuckDBPyConnection, sql: str, max_rows: int = MAX_ROWS,
         raise _refusal(outcome, text, limits)
     table = outcome.table
     table = table.rename_columns(_unique(table.column_names))
-    frame = table.slice(0, max_rows).to_pandas()
+    try:
+        frame = table.slice(0, max_rows).to_pandas()
+    except pa.ArrowException as e:
+        why = _first_line(e).rstrip(".")
+        raise Refused(f"The answer has a column the console cannot show ({why}); cast it to a "
+                      "plain type, e.g. CAST(x AS VARCHAR).") from e
     return Result(frame, truncated=table.num_rows > max_rows)
 
 

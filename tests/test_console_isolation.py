@@ -182,6 +182,16 @@ def test_a_query_deaf_to_interrupts_is_killed_at_the_deadline(cache, untouched):
     still_serves(cache)
 
 
+def test_answers_of_every_kind_of_type(cache, untouched):
+    frame = sql_console.run(cache.cursor(), (
+        "SELECT TIMESTAMP '9999-12-31 00:00:00' AS t, DATE '0001-01-01' AS d, 1::HUGEINT AS h, "
+        "{'a': 1} AS s, MAP {'a': 1} AS m, INTERVAL 1 DAY AS i, [1, 2] AS l, 'x'::BLOB AS b"
+    )).frame
+    assert str(frame["t"].iloc[0]).startswith("9999-12-31") and frame["s"].iloc[0] == {"a": 1}
+    message = refused(cache, "SELECT union_value(k := 1) AS u")
+    assert "cannot show" in message and "CAST(x AS VARCHAR)" in message
+
+
 def app(cache: Cache) -> AppTest:
     at = AppTest.from_file(MAIN, default_timeout=120)
     at.session_state["cache_path"] = str(cache.path)
@@ -220,6 +230,7 @@ def test_the_page_answers_each_case_with_one_sentence(cache, untouched, tmp_path
     assert int(answer["n"].iloc[0]) == cache.partition_count(cache.streams()[0])
 
 
+@pytest.mark.slow
 def test_the_snapshot_follows_the_cache(tmp_path):
     path = tmp_path / "c.duckdb"
     with Cache(path) as c:
