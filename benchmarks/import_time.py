@@ -9,6 +9,16 @@ Connect run of a new server also opens the tool's server-side session (its Pytho
 it is printed apart and left out of the median (``--cold`` runs of each, default 1).
 
     python benchmarks/import_time.py --runs 5
+
+Large imports (issue 68): ``--recording-mb N`` imports a generated recording of about N MB
+(``tests/support/import_inputs.py``: the demo world's lines, each a distinct record, 6 bad
+lines among them) and ``--small-files N`` a folder of N one-line recordings, each with the
+real command line on ``local[*]``, and print the wall time, the records, and the peak memory of
+the import's processes: the command's own Python process (the driver), Spark's JVM and its
+Python workers, as resident set (peak ``VmHWM`` of each) and proportional set size (``Pss``
+of ``/proc/<pid>/smaps_rollup``, sampled every 0.2 s; the sum over the tree at its highest).
+
+    python benchmarks/import_time.py --recording-mb 1000 --small-files 10000
 """
 
 from __future__ import annotations
@@ -61,11 +71,112 @@ def _series(work: Path, label: str, spark: list[str], runs: int, cold: int) -> l
     return times[cold:]
 
 
+def _status(pid: int, field: str) -> int:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def _pss(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def _tree(pid: int) -> list[int]:
+    out = []
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for task in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                kids = [int(k) for k in f.read().split()]
+        except OSError:
+            continue
+        for kid in kids:
+            out += [kid, *_tree(kid)]
+    return out
+
+
+def _role(pid: int, top: int) -> str:
+    if pid == top:
+        return "driver (python)"
+    try:
+        with open(f"/proc/{pid}/cmdline") as f:
+            cmd = f.read().split("\0")[0]
+    except OSError:
+        return "?"
+    return "JVM" if cmd.endswith("java") else "python workers"
+
+
+def _measured(argv: list[str], work: Path) -> tuple[float, str, dict[str, int], int]:
+    """Run ``argv``: (seconds, its stdout, peak VmHWM per role, peak Pss of the whole tree)."""
+    began = time.perf_counter()
+    proc = subprocess.Popen(argv, cwd=ROOT, env=_env(work), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    peaks: dict[str, int] = {}
+    pss_peak = 0
+    while proc.poll() is None:
+        pids = [proc.pid, *_tree(proc.pid)]
+        pss_peak = max(pss_peak, sum(_pss(p) for p in pids))
+        for pid in pids:
+            role = _role(pid, proc.pid)
+            peaks[role] = max(peaks.get(role, 0), _status(pid, "VmHWM"))
+        time.sleep(0.2)
+    out, err = proc.communicate()
+    if proc.returncode != 0:
+        raise SystemExit(f"the import failed: {err.strip()[-2000:]}")
+    return time.perf_counter() - began, out, peaks, pss_peak
+
+
+def _large(args) -> None:
+    from tests.support.import_inputs import write_recording, write_small_files
+
+    with tempfile.TemporaryDirectory(prefix="import-large-") as tmp:
+        work = Path(tmp)
+        runs = []
+        if args.recording_mb:
+            rec = work / "big.jsonl"
+            lines, bad = write_recording(rec, args.recording_mb * 1_000_000)
+            runs.append((f"recording of {rec.stat().st_size / 1e6:,.0f} MB, {lines:,} lines "
+                         f"({bad} bad)", rec))
+        if args.small_files:
+            write_small_files(work / "many", args.small_files)
+            runs.append((f"folder of {args.small_files:,} one-line files", work / "many"))
+        for label, path in runs:
+            took, out, peaks, pss = _measured(
+                [sys.executable, "-m", "spark_backend", "import", "--cache",
+                 str(work / f"{path.name}.duckdb"), "--format", "recording", "--stream", "s",
+                 str(path)], work)
+            summary = next(x for x in out.splitlines() if x.startswith("s: imported"))
+            print(f"{label}: {took:,.1f} s; {summary}")
+            print("  peak RSS: " + ", ".join(f"{role} {mb / 1e6:,.0f} MB"
+                                             for role, mb in sorted(peaks.items()))
+                  + f"; peak PSS of all its processes together {pss / 1e6:,.0f} MB", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--cold", type=int, default=1)
+    parser.add_argument("--recording-mb", type=int, default=0)
+    parser.add_argument("--small-files", type=int, default=0)
     args = parser.parse_args()
+    if args.recording_mb or args.small_files:
+        _large(args)
+        return
     from tests.support.cluster import connect_server
 
     with tempfile.TemporaryDirectory(prefix="import-time-") as tmp:

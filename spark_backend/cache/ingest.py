@@ -469,9 +469,10 @@ def _quarantine(con, stream, pull_id) -> int:
     (count,) = con.execute("SELECT count(*) FROM _batch WHERE kind = 'bad'").fetchone()
     if count:
         con.execute(
-            "INSERT INTO quarantine (stream, origin, line, reason, raw, pull_id) "
+            "INSERT INTO quarantine (stream, origin, line, reason, raw, pull_id, raw_bytes, "
+            "raw_sha256) "
             "SELECT $stream, coalesce(origin, partition_token), line, extra ->> 'reason', raw, "
-            "$pull "
+            "$pull, CAST(extra ->> 'raw_bytes' AS BIGINT), extra ->> 'raw_sha256' "
             "FROM _batch WHERE kind = 'bad'",
             {"stream": stream, "pull": pull_id},
         )

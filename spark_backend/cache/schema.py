@@ -152,10 +152,15 @@ DDL = [
         origin TEXT,                     -- file path, or partition token
         line BIGINT,
         reason TEXT,
-        raw TEXT,
+        raw TEXT,                        -- a preview: at most 200 characters, escaped
         pull_id BIGINT,
-        quarantined_at TIMESTAMP DEFAULT current_timestamp
+        quarantined_at TIMESTAMP DEFAULT current_timestamp,
+        raw_bytes BIGINT,                -- the whole line's (or file's) size
+        raw_sha256 TEXT                  -- and its SHA-256
     )""",
+    # Caches made before the preview rule: the two columns are added once (no-op after).
+    "ALTER TABLE quarantine ADD COLUMN IF NOT EXISTS raw_bytes BIGINT",
+    "ALTER TABLE quarantine ADD COLUMN IF NOT EXISTS raw_sha256 TEXT",
     """CREATE TABLE IF NOT EXISTS imports (
         stream TEXT NOT NULL,
         path TEXT,
@@ -197,6 +202,7 @@ TABLE_DOCS = {
                          "in and out) and end records as returned",
     "progress_marks": "view: every timestamp a partition vouched for",
     "beam_partitions": "a Beam/Dataflow connector's partition metadata rows, one per partition",
-    "quarantine": "input that could not be decoded, kept with the reason",
+    "quarantine": "input that could not be decoded: the reason, a preview of at most 200 "
+                  "characters, the size and SHA-256 of the line (never the line whole)",
     "imports": "files imported, by content hash (a file imported twice adds nothing)",
 }

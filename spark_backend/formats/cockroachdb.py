@@ -249,31 +249,36 @@ class Parser:
             )
             return
         if set(value) <= {"key", "table", "value", "topic"} and isinstance(value.get("key"), str):
-            # sinkless changefeed: key (JSON text), table, value (JSON text or "" for key_only)
-            try:
-                skey = json.loads(value["key"]) if value["key"] else None
-            except json.JSONDecodeError as e:
-                raise MessageError(f"sinkless message key is not JSON ({e.msg})") from e
-            inner = value.get("value")
-            table = value.get("table") or value.get("topic")
-            if inner in (None, ""):
-                yield self.change(
-                    number, index, envelope="key_only", key=skey, after=None, before=None,
-                    has_before=False, meta={"topic": table}, key_only=True,
-                )
-                return
-            try:
-                inner_value = json.loads(inner) if isinstance(inner, str) else inner
-            except json.JSONDecodeError as e:
-                raise MessageError(f"sinkless message value is not JSON ({e.msg})") from e
-            for row in self.message(inner_value, number, index, key=skey):
-                if table and row.get("kind") == "data_change" and row.get("table_name") is None:
-                    row["table_name"] = table
-                yield row
+            yield from self.sinkless(value, number, index)
             return
         # anything else is a row on its own (envelope=row, or bare without metadata)
         yield self.change(number, index, envelope="row", key=key, after=value, before=None,
                           has_before=False, meta={})
+
+    def sinkless(self, value: dict[str, Any], number: int, index: int | None
+                 ) -> Iterator[dict[str, Any]]:
+        """A sinkless changefeed's message: key (JSON text), table, value (JSON text, or ""
+        for key_only)."""
+        try:
+            skey = json.loads(value["key"]) if value["key"] else None
+        except json.JSONDecodeError as e:
+            raise MessageError(f"sinkless message key is not JSON ({e.msg})") from e
+        inner = value.get("value")
+        table = value.get("table") or value.get("topic")
+        if inner in (None, ""):
+            yield self.change(
+                number, index, envelope="key_only", key=skey, after=None, before=None,
+                has_before=False, meta={"topic": table}, key_only=True,
+            )
+            return
+        try:
+            inner_value = json.loads(inner) if isinstance(inner, str) else inner
+        except json.JSONDecodeError as e:
+            raise MessageError(f"sinkless message value is not JSON ({e.msg})") from e
+        for row in self.message(inner_value, number, index, key=skey):
+            if table and row.get("kind") == "data_change" and row.get("table_name") is None:
+                row["table_name"] = table
+            yield row
 
     def row_message(self, value: dict[str, Any], number: int, index: int | None,
                     key: list | None) -> Iterator[dict[str, Any]]:

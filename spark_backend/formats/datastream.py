@@ -419,9 +419,9 @@ def normalize_mod_type(change_type: Any, is_deleted: Any, phase: str) -> str:
     return "UPDATE"
 
 
-def event_row(event: Any, options: dict[str, str] | None = None) -> dict[str, Any]:
-    """One Datastream event (decoded JSON or Avro record) -> one data_change row."""
-    options = options or {}
+def _checked(event: Any) -> tuple[dict[str, Any], dict[str, Any], str, str]:
+    """(source_metadata, payload, uuid, object) of an event, or EventError saying what is
+    missing or wrong (and which format the object looks like, if another one)."""
     if not isinstance(event, dict):
         raise EventError(f"expected a Datastream event object, got {type(event).__name__}")
     missing = [k for k in _REQUIRED if k not in event]
@@ -450,6 +450,13 @@ def event_row(event: Any, options: dict[str, str] | None = None) -> dict[str, An
     obj = event.get("object")
     if not isinstance(obj, str) or not obj:
         raise EventError("object must be a non-empty string")
+    return md, payload, uuid, obj
+
+
+def event_row(event: Any, options: dict[str, str] | None = None) -> dict[str, Any]:
+    """One Datastream event (decoded JSON or Avro record) -> one data_change row."""
+    options = options or {}
+    md, payload, uuid, obj = _checked(event)
     ts_ns = _ts_ns(event.get("source_timestamp"), "source_timestamp")
     read_ts = event.get("read_timestamp")
     read_ns = None if read_ts is None else _ts_ns(read_ts, "read_timestamp")

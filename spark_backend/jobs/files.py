@@ -4,18 +4,26 @@ a cached Spanner stream as a recording."""
 from __future__ import annotations
 
 import errno
-import hashlib
 import json
 import os
 import tempfile
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from spark_backend import formats
 from spark_backend.cache.store import Cache
 from spark_backend.formats import recording
+from spark_backend.jobs.import_plan import (
+    RANGE_BYTES,
+    Part,
+    PlannedFile,
+    check_unchanged,
+    plan_file,
+    tasks_of,
+)
 from spark_backend.model.errors import BadInput, InspectorError
 
 
@@ -83,41 +91,32 @@ def expand_paths(paths: Iterable[str]) -> list[Path]:
     return files
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 @dataclass
 class _Plan:
-    todo: list[str] = field(default_factory=list)       # files for Spark (resolved paths)
-    hashes: dict[str, str] = field(default_factory=dict)
-    skipped: int = 0                                     # content imported before
+    files: list[PlannedFile] = field(default_factory=list)  # for Spark, resolved, in order
+    hashes: dict[str, str] = field(default_factory=dict)     # resolved path: sha256
+    skipped: int = 0                                         # content imported before
     failed: list[tuple[str, str]] = field(default_factory=list)  # (path, reason): quarantined
     notes: list[str] = field(default_factory=list)
 
 
-def _plan(files: list[Path], other: list[tuple[str, str]], known: set[str]) -> _Plan:
+def _plan(files: list[Path], other: list[tuple[str, str]], known: set[str],
+          module: ModuleType, range_bytes: int) -> _Plan:
     plan = _Plan(failed=list(other))
     for path in files:
         try:
-            digest = _sha256(path)
-            empty = path.stat().st_size == 0
+            planned = plan_file(str(path.resolve()), module, range_bytes)
         except OSError as e:
             plan.failed.append((str(path), f"cannot read the file ({e.strerror or e})"))
             continue
-        if empty:
+        if planned.parts[-1].end == 0:
             plan.notes.append(f"{path} is empty; nothing to import from it.")
             continue
-        if digest in known or digest in plan.hashes.values():
+        if planned.sha256 in known or planned.sha256 in plan.hashes.values():
             plan.skipped += 1
             continue
-        resolved = str(path.resolve())
-        plan.hashes[resolved] = digest
-        plan.todo.append(resolved)
+        plan.hashes[planned.path] = planned.sha256
+        plan.files.append(planned)
     plan.notes.extend(f"{where}: {why}; kept in quarantine." for where, why in plan.failed)
     return plan
 
@@ -131,19 +130,26 @@ def import_files(
     progress: Callable[[str], None] | None = None,
     spark_master: str | None = None,
     spark_remote: str | None = None,
+    range_bytes: int = RANGE_BYTES,
 ) -> ImportResult:
-    """Read files of ``fmt`` with Spark (one task per file) into ``stream`` in one transaction.
+    """Read files of ``fmt`` with Spark into ``stream`` in one transaction, in bounded memory.
 
-    The files are on this machine; the rows come back through Spark as Arrow batches and land
-    chunk by chunk (memory holds one chunk, never the whole import); only this process
-    touches the cache. On a cluster or Spark Connect the files travel to the executors
-    through Spark (``spark.local_files``).
+    The files are on this machine. Each is hashed and cut into parts of about
+    ``range_bytes`` of whole lines where its format allows (``jobs.import_plan``); Spark
+    tasks read a part each, or several small files; jobs of a few tasks at a time
+    (``_Reading``) send the rows back packed (``spark.file_parts``), and they land chunk by
+    chunk: neither Spark's driver nor this process ever holds a whole file's rows. Only this
+    process touches the cache. On a cluster or Spark Connect the files travel to the
+    executors through Spark (``spark.local_files``). ``progress`` hears a line per part read.
 
     A file whose content was imported into the stream before is skipped. Bad lines land in the
-    quarantine table and are counted; the valid records still land. A file that cannot be read
-    at all (unreadable, not a regular file, failing in any way while read) is one quarantined
-    entry with its reason, and every other file lands. Empty files are reported in ``notes``.
-    An import that fails leaves no stream behind that it created.
+    quarantine table as previews (``formats.lines``) and are counted; the valid records still
+    land. A file none of whose lines is of ``fmt`` is one quarantine entry ("not <fmt>"). A file
+    that cannot be read at all (unreadable, not a regular file, failing in any way while read)
+    is one quarantined entry with its reason, and every other file lands. Empty files are
+    reported in ``notes``. A file that changes while it is read fails the import (BadInput,
+    ``import_plan.check_unchanged``). An import that fails keeps nothing and leaves no stream
+    behind that it created.
     """
     module = formats.get(fmt)
     paths = list(paths)
@@ -153,8 +159,9 @@ def import_files(
     created = cache.stream_info(stream) is None
     cache.ensure_stream(stream, system=module.SYSTEM, source=fmt)
     try:
-        result = _import(cache, stream, fmt, files, other, options, progress, spark_master,
-                         spark_remote)
+        result = _import(cache, stream, fmt, module, files, other, options,
+                         progress or (lambda _line: None), (spark_master, spark_remote),
+                         range_bytes)
     except BaseException:
         if created:
             _drop_stream(cache, stream)
@@ -167,13 +174,13 @@ def import_files(
     return result
 
 
-def _import(cache, stream, fmt, files, other, options, progress, spark_master,
-            spark_remote) -> ImportResult:
+def _import(cache, stream, fmt, module, files, other, options, say, spark_at,
+            range_bytes) -> ImportResult:
     known = {r[0] for r in cache.con.execute(
         "SELECT sha256 FROM imports WHERE stream = ?", [stream]).fetchall()}
-    plan = _plan(files, other, known)
+    plan = _plan(files, other, known, module, range_bytes)
     total = len(files) + len(other)
-    if not plan.todo:
+    if not plan.files:
         if plan.failed:
             pull_id = cache.begin_pull(stream, f"import:{fmt}", None, None, None)
             with cache.transaction():
@@ -182,43 +189,123 @@ def _import(cache, stream, fmt, files, other, options, progress, spark_master,
             cache.finish_pull(pull_id, "complete")
         return ImportResult(stream, total, plan.skipped, 0, len(plan.failed), 0,
                             _failed_examples(plan.failed), plan.notes)
-    if progress:
-        progress(f"reading {len(plan.todo)} file(s) with Spark")
     from spark_backend.cache.ingest import ingest_stream
-    from spark_backend.spark.datasource import change_files_frame
     from spark_backend.spark.local_files import ship
-    from spark_backend.spark.session import arrow_batches, spark_session
+    from spark_backend.spark.session import spark_session
 
-    spark = spark_session(spark_master, spark_remote)
+    reading = _Reading(plan, tasks_of([p for f in plan.files for p in f.parts], range_bytes),
+                       say)
+    say(reading.started())
+    spark = spark_session(*spark_at)
     shipped = _spark_step(lambda: ship(spark, plan.hashes), "could not send the files to "
                           "the executors")
-    df = change_files_frame(spark, dict(options or {}, format=fmt, paths=json.dumps(plan.todo),
-                                        shipped=json.dumps(shipped)))
     tally = _Tally()
     pull_id = cache.begin_pull(stream, f"import:{fmt}", None, None, None)
-
-    def bookkeeping() -> list[tuple[str, list[Any]]]:
-        sql = [("INSERT INTO imports (stream, path, sha256, format, records, bad, pull_id) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?)",
-                [stream, p, plan.hashes[p], fmt, *tally.per_file.get(p, (0, 0)), pull_id])
-               for p in plan.todo]
-        return sql + _quarantine_sql(stream, plan.failed, pull_id)
-
     try:
         stats = _spark_step(lambda: ingest_stream(
-            cache, stream, pull_id, arrow_batches(spark, df), on_chunk=tally.count,
-            extra_sql=bookkeeping, count_existing_as_duplicates=True,
-            sort_by=[("origin", "ascending")]),  # files in order, each as read
+            cache, stream, pull_id, reading.batches(spark, fmt, dict(options or {}), shipped),
+            on_chunk=tally.count,
+            extra_sql=lambda: _bookkeeping(stream, fmt, pull_id, plan, tally),
+            count_existing_as_duplicates=True,
+            sort_by=[("origin", "ascending"), ("line", "ascending")]),
             "failed; nothing of it was kept")
     except BaseException as e:
         cache.finish_pull(pull_id, "failed", error=(str(e).splitlines() or [""])[0])
         raise
     cache.finish_pull(pull_id, "complete")
     _widen_range(cache, stream)
-    examples = _failed_examples(plan.failed) + tally.examples()
+    collapsed = tally.not_format(fmt)
+    named = [f"{os.path.basename(origin)}: {why}" for origin, why in collapsed]
+    examples = (_failed_examples(plan.failed) + named
+                + tally.examples(exclude={origin for origin, _ in collapsed}))
+    bad = (stats.bad - sum(tally.per_file[o][1] for o, _ in collapsed) + len(collapsed)
+           + len(plan.failed))
+    notes = plan.notes + [f"{why}; kept as one quarantine entry (the file's size and SHA-256, "
+                          "no content)." for why in named]
     return ImportResult(stream, total, plan.skipped, stats.data_change + stats.heartbeats
-                        + stats.child_partitions, stats.bad + len(plan.failed),
-                        stats.duplicates, examples[:5], plan.notes)
+                        + stats.child_partitions, bad, stats.duplicates, examples[:5], notes)
+
+
+class _Reading:
+    """The Spark jobs of an import: ``window`` tasks per job, so that Spark's driver holds at
+    most that many tasks' results; a progress line per part read; at the end, the check that
+    every file is what was planned (``import_plan.check_unchanged``)."""
+
+    def __init__(self, plan: _Plan, tasks: list[list[Part]], say: Callable[[str], None]):
+        self.plan = plan
+        self.tasks = tasks
+        self.say = say
+        self.parts = sum(len(t) for t in tasks)
+        self.size = sum(f.size for f in plan.files)
+        self.read: dict[tuple[str, int], tuple[int, str]] = {}
+        self.done_bytes = self.rows = self.bad = 0
+
+    def started(self) -> str:
+        return (f"reading {len(self.plan.files):,} file(s), {_mb(self.size)}, with Spark in "
+                f"{self.parts:,} part(s)")
+
+    def batches(self, spark, fmt: str, options: dict[str, str],
+                shipped: dict[str, str]) -> Iterator[Any]:
+        import pyarrow.compute as pc
+
+        from spark_backend.spark.file_parts import parts_frame, unpacked
+        from spark_backend.spark.session import arrow_batches, task_slots
+
+        window = max(2, 2 * task_slots(spark))
+        for lo in range(0, len(self.tasks), window):
+            specs = [[(p.path, p.start, p.end, p.first_line, shipped.get(p.path)) for p in task]
+                     for task in self.tasks[lo:lo + window]]
+            for item in unpacked(arrow_batches(spark, parts_frame(spark, fmt, specs, options))):
+                if isinstance(item, dict):
+                    self._part_read(item)
+                    continue
+                self.rows += item.num_rows
+                self.bad += pc.sum(pc.equal(item.column("kind"), "bad")).as_py() or 0
+                yield item
+        check_unchanged(self.plan.files, self.read)
+
+    def _part_read(self, marker: dict[str, Any]) -> None:
+        self.read[(marker["path"], marker["start"])] = (marker["bytes"], marker["sha256"])
+        self.done_bytes += marker["bytes"] or 0
+        self.say(f"read {len(self.read):,} of {self.parts:,} part(s), "
+                 f"{_mb(self.done_bytes)} of {_mb(self.size)}: {self.rows - self.bad:,} "
+                 f"record(s), {self.bad:,} bad line(s)")
+
+
+def _mb(size: int) -> str:
+    return f"{size / 1e6:,.1f} MB"
+
+
+def _bookkeeping(stream: str, fmt: str, pull_id: int, plan: _Plan,
+                 tally: _Tally) -> list[tuple[str, list[Any]]]:
+    """The import's last statements: a row per file read in ``imports``, the files none of
+    whose lines is of ``fmt`` folded into one quarantine entry each, the unread files."""
+    counts = [tally.per_file.get(f.path, (0, 0)) for f in plan.files]
+    sql = [("INSERT INTO imports (stream, path, sha256, format, records, bad, pull_id) "
+            "SELECT ?, unnest(?::VARCHAR[]), unnest(?::VARCHAR[]), ?, unnest(?::BIGINT[]), "
+            "unnest(?::BIGINT[]), ?",  # one statement for any number of files
+            [stream, [f.path for f in plan.files], [f.sha256 for f in plan.files], fmt,
+             [good for good, _ in counts], [bad for _, bad in counts], pull_id])]
+    sizes = {f.path: (f.size, f.sha256) for f in plan.files}
+    for origin, why in tally.not_format(fmt):
+        sql += _not_format_sql(stream, pull_id, origin, why, *sizes[origin])
+    return sql + _quarantine_sql(stream, plan.failed, pull_id)
+
+
+def _not_format_sql(stream: str, pull_id: int, origin: str, why: str, size: int,
+                    sha256: str) -> list[tuple[str, list[Any]]]:
+    """One quarantine entry for a file of bad lines only: why and the first bad line's
+    number and reason, the file's size and SHA-256; nothing of its content (it may be any
+    file of the machine)."""
+    return [
+        ("INSERT INTO quarantine (stream, origin, line, reason, raw, pull_id, raw_bytes, "
+         "raw_sha256) SELECT ?, ?, NULL, ? || ' (first, line ' || arg_min(line, line) || ': ' "
+         "|| arg_min(reason, line) || ')', '', ?, ?, ? FROM quarantine "
+         "WHERE pull_id = ? AND origin = ? AND line IS NOT NULL",
+         [stream, origin, why, pull_id, size, sha256, pull_id, origin]),
+        ("DELETE FROM quarantine WHERE pull_id = ? AND origin = ? AND line IS NOT NULL",
+         [pull_id, origin]),
+    ]
 
 
 def _spark_step(step: Callable[[], Any], what: str) -> Any:
@@ -263,9 +350,17 @@ class _Tally:
                             json.loads(r["extra"] or "{}").get("reason")) for r in first]
         self.bad = sorted(seen, key=lambda b: (b[0], b[1] is None, b[1] or 0))[: self.keep]
 
-    def examples(self) -> list[str]:
+    def examples(self, exclude: set[str] | None = None) -> list[str]:
         return [f"{os.path.basename(o)} line {line}: {reason}" if line is not None
-                else f"{os.path.basename(o)}: {reason}" for o, line, reason in self.bad]
+                else f"{os.path.basename(o)}: {reason}" for o, line, reason in self.bad
+                if o not in (exclude or set())]
+
+    def not_format(self, fmt: str) -> list[tuple[str, str]]:
+        """(path, why) of the files that gave bad lines only, more than one: files that are
+        not of ``fmt`` at all."""
+        return [(origin, f"not {fmt}: none of its {bad:,} lines is a {fmt} record")
+                for origin, (good, bad) in sorted(self.per_file.items())
+                if good == 0 and bad > 1]
 
 
 def _quarantine_sql(stream: str, failed: list[tuple[str, str]],
