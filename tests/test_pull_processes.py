@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # a pull through Spark, in a process of its own
+
 ROOT = Path(__file__).resolve().parent.parent
 
 SCRIPT = r"""
@@ -25,8 +27,6 @@ import spark_backend.jobs.pull_jobs as pull_jobs
 from spark_backend.cache.store import Cache
 from spark_backend.jobs.pull import PullRequest, run_pull
 from spark_backend.spark.session import spark_session, warm_up
-
-pytestmark = pytest.mark.slow  # Spark in this process, or in the processes it starts
 
 received = []  # the rows of each packed row the driver took from Spark
 taken = pull_jobs.packed_rows
