@@ -288,6 +288,7 @@ def next_to(at: AppTest, key: str) -> list[str]:
     raise AssertionError(f"no widget {key!r} in a column")
 
 
+@pytest.mark.slow  # the import runs in Spark
 @pytest.mark.parametrize("sample", samples.SAMPLES, ids=[s.key for s in samples.SAMPLES])
 def test_sample_button_imports_and_selects_the_stream(tmp_path, sample):
     assert sample.file.is_file(), sample.path
@@ -328,6 +329,7 @@ def test_sample_with_a_missing_file_is_a_message(tmp_path, monkeypatch):
     assert any("does not exist" in e for e in vals(at.error))
 
 
+@pytest.mark.slow  # the import runs in Spark
 def test_cockroachdb_sample_names_its_table(tmp_path):
     sample = samples.by_key("sample_cockroachdb_diff")
     with Cache(str(tmp_path / "c.duckdb")) as cache:
