@@ -362,7 +362,9 @@ def cmd_pull(args) -> int:
     request = _request(args)
     progress = _Progress()
     with _landing_cache(args.cache, "pull") as cache:
-        _start_spark_aside(args.spark_master, args.spark_remote)
+        if not (args.spark_remote or (not args.spark_master
+                                      and os.environ.get(config.SPARK_REMOTE_ENVVAR))):
+            _start_spark_aside(args.spark_master)  # a classic session (Connect's is a client)
         result = run_pull(cache, request, progress)
     progress.done()
     if result.status == "failed" and interrupts.requested() is not None:
@@ -379,12 +381,12 @@ def cmd_pull(args) -> int:
     return 0
 
 
-def _start_spark_aside(master: str | None, remote: str | None) -> None:
-    """Spark's session, started on a thread of its own while the main thread waits (the pull
-    then finds it started). On the main thread pyspark installs a SIGINT handler of its own
-    (``_on_signal`` would no longer see Ctrl-C), and a signal landing amid Spark's imports left
-    modules half imported (``partially initialized module 'pandas'``); a wait is where a signal
-    interrupts the main thread cleanly."""
+def _start_spark_aside(master: str | None) -> None:
+    """Spark's classic session, started on a thread of its own while the main thread waits
+    (the pull then finds it started). On the main thread pyspark's context installs a SIGINT
+    handler of its own (``_on_signal`` would no longer see Ctrl-C), and a signal landing amid
+    Spark's imports left modules half imported (``partially initialized module 'pandas'``); a
+    wait is where a signal interrupts the main thread cleanly."""
     done = threading.Event()
     failed: list[BaseException] = []
 
@@ -392,7 +394,7 @@ def _start_spark_aside(master: str | None, remote: str | None) -> None:
         try:
             from spark_backend.spark.session import spark_session
 
-            spark_session(master, remote)
+            spark_session(master)
         except BaseException as e:
             failed.append(e)
         finally:
@@ -566,6 +568,8 @@ def _on_signal(signum: int, frame: Any) -> None:
     safe as after a kill, and the next read-write open recovers the rest."""
     if interrupts.requested() is None:
         interrupts.request(signum)
+        if interrupts.hold():
+            return  # raised when the step that must not be cut in two ends
         raise KeyboardInterrupt
     _Progress.done()
     os.write(_Said.stderr or 2, f"stopped at once by a second {interrupts.name(signum)}: the "
@@ -690,7 +694,8 @@ def _interrupted(args) -> int:
     signum = interrupts.requested()
     how = ("interrupted" if signum in (None, signal.SIGINT)
            else f"stopped by {interrupts.name(signum)}")
-    again = ("; run the same pull again to resume" if args.command == "pull" else "")
+    again = {"pull": "; run the same pull again to resume",
+             "import": "; run the same import again to finish it"}.get(args.command, "")
     _say(f"{how}: the cache is consistent{again}.")
     return EXIT_SIGNALLED + (signum or signal.SIGINT)
 

@@ -638,6 +638,20 @@ class Cache:
         import, a Spark start that did not finish): it is recorded ``interrupted``, and the
         summary is left to the next read-write open (its mark stays), so that the process
         ends within seconds."""
+        with interrupts.deferred():  # a signal meanwhile does not cut the record in two
+            self._record_end(pull_id, status, error, failed_partition, waves)
+        # Apart, so that the pull's end is recorded even if the summary fails (its mark stays
+        # for the next read-write open).
+        try:
+            (stream,) = self.con.execute(
+                "SELECT stream FROM pulls WHERE pull_id = ?", [pull_id]).fetchone()
+            if interrupts.requested() is None:
+                self._summarize_in_room(stream)
+        finally:
+            _ACTIVE_PULLS.get(_key(self.path), set()).discard(pull_id)
+
+    def _record_end(self, pull_id: int, status: str, error: str | None,
+                    failed_partition: str | None, waves: int | None) -> None:
         stop = interrupts.requested()
         if stop is not None and status == "failed":
             status = "interrupted"
@@ -659,15 +673,6 @@ class Cache:
                     [pull_id],
                 )
             self._bump()
-        # Apart, so that the pull's end is recorded even if the summary fails (its mark stays
-        # for the next read-write open).
-        try:
-            (stream,) = self.con.execute(
-                "SELECT stream FROM pulls WHERE pull_id = ?", [pull_id]).fetchone()
-            if interrupts.requested() is None:
-                self._summarize_in_room(stream)
-        finally:
-            _ACTIVE_PULLS.get(_key(self.path), set()).discard(pull_id)
 
     def _summarize_in_room(self, stream: str) -> None:
         """``summarize_transactions`` in a transaction of its own, in this connection's memory

@@ -9,9 +9,14 @@ records a pull that ends after it as ``interrupted`` (``Cache.finish_pull``).
 
 from __future__ import annotations
 
+import contextlib
 import signal
+import threading
+from collections.abc import Iterator
 
 _requested: int | None = None
+_deferring = 0  # the main thread is in this many ``deferred`` steps
+_pending = False  # a signal came during one: raised when the outermost ends
 
 
 def request(signum: int) -> None:
@@ -28,8 +33,37 @@ def requested() -> int | None:
 
 def clear() -> None:
     """Forget a recorded request (an entry point that runs again in the same process)."""
-    global _requested
-    _requested = None
+    global _requested, _pending
+    _requested, _pending = None, False
+
+
+@contextlib.contextmanager
+def deferred() -> Iterator[None]:
+    """A step of the main thread that a stop must not cut in two (recording a pull's end): a
+    signal that comes meanwhile is held (``hold``) and raised as ``KeyboardInterrupt`` when
+    the step ends. Other threads' steps are not held (signals interrupt the main thread)."""
+    global _deferring, _pending
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    _deferring += 1
+    try:
+        yield
+    finally:
+        _deferring -= 1
+    if _deferring == 0 and _pending:
+        _pending = False
+        raise KeyboardInterrupt
+
+
+def hold() -> bool:
+    """For a signal handler: True when the main thread is in a ``deferred`` step, which then
+    raises ``KeyboardInterrupt`` at its end (the handler must not raise now)."""
+    global _pending
+    if _deferring:
+        _pending = True
+        return True
+    return False
 
 
 def name(signum: int | None) -> str:
