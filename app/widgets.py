@@ -10,7 +10,7 @@ from .formatting import clock, count, ns_column, short, timestamp
 from .queries import TxnFilter
 from .safe import md
 
-ANOMALY_PAGES = {"stalled": "watermarks", "heartbeat_gap": "watermarks",
+ANOMALY_PAGES = {"stall": "watermarks", "stalled": "watermarks", "heartbeat_gap": "watermarks",
                  "watermark_backwards": "watermarks", "ended_without_children": "dag",
                  "child_never_read": "dag", "read_failed": "sources"}
 
