@@ -6,7 +6,6 @@ client per target in every process."""
 from __future__ import annotations
 
 import os
-import time
 from collections import Counter
 
 import pytest
@@ -19,6 +18,7 @@ from spark_backend.model.timestamps import format_ns, from_datetime
 from spark_backend.spanner import connect
 from tests.conftest import require_emulator
 from tests.support.connect_usage import worker_usage
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.emulator]
 
@@ -50,6 +50,14 @@ def _pulls(cache: Cache, stream: str) -> list[tuple[int, int, int, str]]:
         "WHERE stream = ? ORDER BY pull_id", [stream]).fetchall()
 
 
+def _committed_after(src, end_ns: int) -> bool:
+    """The live workload committed a transaction after ``end_ns`` that a refresh may read now
+    (its range ends LIVE_LAG_S before now)."""
+    readable = src.end
+    return any(end_ns < from_datetime(t.commit_timestamp) <= readable
+               for t in reversed(src.workload.committed[-200:]))
+
+
 def test_live_emulator_reads_only_new_spans_and_stop_ends_everything(spark, tmp_path):
     require_emulator()
     from spark_backend.demo.emulator import start_live_emulator
@@ -61,9 +69,8 @@ def test_live_emulator_reads_only_new_spans_and_stop_ends_everything(spark, tmp_
     runner = _runner(cache, src, stream)
     try:
         runner.start()
-        deadline = time.monotonic() + 120
-        while runner.ticks < 5 and runner.running and time.monotonic() < deadline:
-            time.sleep(0.2)
+        wait_until(lambda: runner.ticks >= 5 or not runner.running,
+                   "five ticks of the live runner", hang_s=600)
         assert runner.ticks >= 5, runner.status()
     finally:
         runner.stop()
@@ -125,8 +132,7 @@ def test_cloud_spanner_refresh_reuses_one_client(source, spark, tmp_path, monkey
     monkeypatch.setenv(config.EMULATOR_HOST_ENVVAR, source.host)
     cache = Cache(tmp_path / "cloud.duckdb")
     world = source.world
-    while source.end < source.start + 10**9:  # a second of the workload at least
-        time.sleep(0.1)
+    wait_until(lambda: source.end >= source.start + 10**9, "a second of the workload")
     first = pulling.PullForm(
         source="spanner", stream="BankLive", source_stream=world.stream,
         project=world.project, instance=world.instance, database=world.database,
@@ -139,7 +145,9 @@ def test_cloud_spanner_refresh_reuses_one_client(source, spark, tmp_path, monkey
     driver_clients = connect.USAGE["clients"]
     before = worker_usage(spark)
     for _ in range(4):
-        time.sleep(1.0)
+        read_to = _pulls(cache, "BankLive")[-1][2]
+        wait_until(lambda: _committed_after(source, read_to),
+                   "a transaction committed after the last pull's end")
         outcome = pulling.pull(cache, pulling.refresh_form(info), lambda p: None)
         assert outcome.ok, outcome.message
     assert len([p for p in _pulls(cache, "BankLive") if p[3] == "complete"]) == 5
