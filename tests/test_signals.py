@@ -207,3 +207,17 @@ def test_sigint_during_an_import_then_the_import_again_is_exact(tmp_path):
                               text=True, timeout=900)
         assert done.returncode == 0 and done.stderr == "", done.stderr
     assert cache_contents(cache) == cache_contents(tmp_path / "clean.duckdb")
+
+
+def test_sigterm_of_an_emulator_pull_leaves_no_emulator(tmp_path):
+    """SIGTERM while a pull reads the emulator it started (its own process group, so a
+    terminal's Ctrl-C would not reach it): the emulator goes with the command."""
+    from tests.conftest import require_emulator
+
+    require_emulator()
+    run = _Pull(tmp_path / "c.duckdb", "pull", "--source", "emulator", "--emulator-seconds", "4")
+    run.wait_for_line(r"job \d+: reading")
+    assert any(b"emulator" in cmd for _, cmd in marked(run.mark))  # the moment has one
+    _stopped(run, signal.SIGTERM)
+    statuses = _statuses(tmp_path / "c.duckdb")
+    assert [s for s, _ in statuses] == ["interrupted"], statuses
