@@ -16,8 +16,10 @@ the test also fails at the point of the start, and its report says to mark it sl
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -58,6 +60,7 @@ def guards(item: pytest.Item) -> bool:
 def _shim_dir() -> Path:
     """A folder of programs named like the slow ones, each logging its start and exiting 1."""
     folder = Path(tempfile.mkdtemp(prefix="csi-tier-guard-"))
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
     for name in _SHIMMED:
         path = folder / name
         path.write_text(
