@@ -14,6 +14,7 @@ from typing import Any
 import duckdb
 
 from spark_backend.cache.store import IngestStats, rebuild_transactions
+from spark_backend.model.records import RECORD_FIELDS
 
 _KEY = (
     "coalesce(record_id, concat_ws('|', coalesce(partition_token, ''), ts_ns::VARCHAR, "
@@ -21,8 +22,22 @@ _KEY = (
 )
 
 
-def _stage(con: duckdb.DuckDBPyConnection, batch: Any) -> str:
-    """Make the batch readable as ``_batch``; returns what it is (VIEW, ARROW or TABLE)."""
+# The batch's columns as a table (``records.RECORD_FIELDS``).
+_BATCH_DDL = ", ".join(f"{name} {dict(string='VARCHAR', int64='BIGINT', bool='BOOLEAN')[kind]}"
+                       for name, kind in RECORD_FIELDS)
+
+
+def _stage(con: duckdb.DuckDBPyConnection, batch: Any, copy: bool = False) -> str:
+    """Make the batch readable as ``_batch``; returns what it is (VIEW, ARROW or TABLE).
+
+    ``copy``: an Arrow batch is copied into a temporary table (spilled to disk beyond the
+    memory limit). DuckDB keeps every Arrow object registered in a transaction alive until
+    the transaction ends: a long transaction of many chunks (a file import) would hold all of
+    them; a copy made through a relation holds none."""
+    if copy:
+        con.execute(f"CREATE OR REPLACE TEMP TABLE _batch ({_BATCH_DDL})")
+        con.from_arrow(batch).insert_into("_batch")
+        return "TABLE"
     if isinstance(batch, str | Path):
         # A view, not a copy: Parquet is re-read per step instead of held in memory. (A view
         # cannot take parameters; the path is our own staging folder, quoted.)
@@ -71,10 +86,12 @@ def ingest_batch(
     *,
     count_existing_as_duplicates: bool,
     summarize: bool = True,
+    copy: bool = False,
 ) -> IngestStats:
     """``summarize``: ``end_ingest`` brings ``transactions`` up to date with the new records
-    (False: the caller marked them for ``Cache.summarize_transactions``)."""
-    staged = _stage(con, batch)
+    (False: the caller marked them for ``Cache.summarize_transactions``); ``copy``: as for
+    ``_stage``."""
+    staged = _stage(con, batch, copy)
     _allow_unknown_times(con)
     stats = IngestStats()
     stats.data_change, dup_dc = _data_change(con, stream, pull_id, count_existing_as_duplicates,
@@ -490,6 +507,7 @@ def ingest_stream(
     extra_sql: Callable[[], list[tuple[str, list[Any]]]] | None = None,
     count_existing_as_duplicates: bool = False,
     sort_by: list[tuple[str, str]] | None = None,
+    copy: bool = False,
 ) -> IngestStats:
     """Land a stream of Arrow record batches (``records.RECORD_FIELDS``) in ONE transaction,
     ``chunk_rows`` at a time: memory holds one chunk, never the whole stream.
@@ -499,6 +517,8 @@ def ingest_stream(
     ``count_existing_as_duplicates``: as for ``Cache.ingest`` (file imports). ``sort_by``
     orders each chunk before it lands (pyarrow ``sort_by`` keys, stable): batches arrive in
     no particular order, and which copy of a repeated record is kept follows the order.
+    ``copy``: each chunk is copied into DuckDB before it lands (``_stage``), so that memory
+    holds one chunk however many chunks the transaction lands.
 
     With a ``pull_id``, the ``transactions`` summary is left to ``Cache.finish_pull``
     (``Cache.summarize_transactions``): a pull's landings only mark it out of date.
@@ -517,7 +537,7 @@ def ingest_stream(
             table = table.sort_by(sort_by)
         part = ingest_batch(cache.con, stream, pull_id, table,
                             count_existing_as_duplicates=count_existing_as_duplicates,
-                            summarize=pull_id is None)
+                            summarize=pull_id is None, copy=copy)
         for name in vars(stats):
             setattr(stats, name, getattr(stats, name) + getattr(part, name))
         if on_chunk is not None:
