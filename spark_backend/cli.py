@@ -572,8 +572,10 @@ def _on_signal(signum: int, frame: Any) -> None:
             return  # raised when the step that must not be cut in two ends
         raise KeyboardInterrupt
     _Progress.done()
-    os.write(_Said.stderr or 2, f"stopped at once by a second {interrupts.name(signum)}: the "
-                                "cache is recovered by the next pull or import.\n".encode())
+    if not _Said.interrupted:  # one sentence: the first signal's may be out already
+        os.write(_Said.stderr or 2, f"stopped at once by a second {interrupts.name(signum)}: "
+                                    "the cache is recovered by the next pull or import.\n"
+                                    .encode())
     _stop_descendants(grace_s=0.0)
     os._exit(EXIT_SIGNALLED + interrupts.requested())
 

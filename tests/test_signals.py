@@ -221,3 +221,19 @@ def test_sigterm_of_an_emulator_pull_leaves_no_emulator(tmp_path):
     _stopped(run, signal.SIGTERM)
     statuses = _statuses(tmp_path / "c.duckdb")
     assert [s for s, _ in statuses] == ["interrupted"], statuses
+
+
+def test_a_second_sigint_stops_at_once_with_one_sentence(tmp_path):
+    """Ctrl-C twice mid-read: the second stops the command at once (no wait for its
+    clean-up), still with one sentence and nothing it started left running; the next
+    read-write open recovers the cache (the pull is then recorded interrupted)."""
+    run = _Pull(tmp_path / "c.duckdb")
+    run.wait_for_line(r"job \d+: reading")
+    os.killpg(run.proc.pid, signal.SIGINT)
+    code, err = run.stop(signal.SIGINT)
+    assert code == 130 and err.count("\n") == 1, err
+    assert err in (SAID[signal.SIGINT], "stopped at once by a second SIGINT: the cache is "
+                   "recovered by the next pull or import.\n")
+    assert marked(run.mark) == []
+    with Cache(tmp_path / "c.duckdb") as c:
+        assert c.con.execute("SELECT status FROM pulls").fetchall() == [("interrupted",)]
