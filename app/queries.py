@@ -15,6 +15,7 @@ import duckdb
 import pandas as pd
 
 from spark_backend.analysis import stalls
+from spark_backend.analysis.display import short
 from spark_backend.analysis.transactions import TRANSACTION_FILTER, transaction_filter_params
 from spark_backend.cache.schema import TABLE_DOCS
 from spark_backend.formats import recording
@@ -136,10 +137,11 @@ lag_over_time = stalls.lag_over_time
 
 
 def stalls_table(found: list[dict]) -> pd.DataFrame:
-    """The stalls as a table: partition, from, until, worst lag, cost, still now."""
+    """The stalls as a table: partition (its token shortened, so the other columns fit),
+    from, until, worst lag, cost, still now."""
     df = pd.DataFrame(found)
     return pd.DataFrame({
-        "partition": df["partition"],
+        "partition": [short(t) for t in df["partition"]],
         "from": pd.to_datetime(df["since_ns"], unit="ns", utc=True),
         "until": pd.to_datetime(df["until_ns"].astype("Int64"), unit="ns", utc=True),
         "still now": df["ongoing"], "worst lag (s)": df["max_lag_s"].round(1),

@@ -3,7 +3,7 @@ behind the frontier over time; a replay of any moment (in the URL: ``at``)."""
 
 import streamlit as st
 
-from app import figures, overview_view, queries, resources, state, widgets
+from app import figures, overview_view, partitions_view, queries, resources, state, widgets
 from app.formatting import (
     clock,
     current_sentence,
@@ -11,6 +11,7 @@ from app.formatting import (
     held_back_at_sentence,
     ns_column,
     range_clip_note,
+    short,
     stall_sentence,
 )
 from app.safe import md
@@ -47,6 +48,23 @@ head.markdown(current_sentence(now, threshold))
 if len(found) > 1:
     head.caption(f"{len(found)} stalls in this range; the table below lists them, costliest "
                "first." + range_clip_note(c.start_ns, c.end_ns))
+chosen = state.selected_partition()
+if worst is not None and chosen != worst["partition"]:
+    head.button("What was the stalled partition doing?", key="wm_explain",
+                icon=":material/arrow_downward:", on_click=state.select_partition,
+                args=(worst["partition"],))
+
+# The partitions, sortable and filterable; the selected one (?partition=) drilled into first.
+parts = partitions_view.table(c.path, c.version, c.stream, threshold)
+if chosen:
+    row = parts[parts["token"] == chosen]
+    if row.empty:
+        st.error(md(f"No partition {chosen!r} in {c.stream}; choose one in the Partitions "
+                    "table."))
+    else:
+        partitions_view.show_silence(c, row.iloc[0], worst)
+st.subheader(f"Partitions ({len(parts):,})")
+partitions_view.show_table(c, parts, chosen)
 
 replay = resources.watermark_replay(c.path, c.version, c.stream, 240, c.start_ns, c.end_ns)
 low = queries.low_watermark_over_time(replay)
@@ -81,7 +99,6 @@ at = st.select_slider("Replay: the watermarks as they stood at (UTC)", options=m
 row = low[low["t_ns"] == at].iloc[0]
 st.markdown(held_back_at_sentence(at, row["holder"], row["low_ns"]))
 
-chosen = state.selected_partition()
 lag, total = queries.lag_over_time(replay, top=12, always=(chosen,) if chosen else ())
 st.plotly_chart(figures.lag_over_time_figure(lag, low, threshold, total, stall=worst, at_ns=at,
                                              highlight=chosen or None),
@@ -98,7 +115,8 @@ with left:
     st.subheader(f"Stalls in the range ({len(found)})")
     if found:
         table = queries.stalls_table(found)
-        st.dataframe(table, hide_index=True, width="stretch")
+        st.dataframe(table, hide_index=True, width="stretch",
+                     column_config={"partition": st.column_config.TextColumn(width="small")})
     st.subheader(f"Stalled at {clock(at)} UTC ({len(stalled)})")
     if stalled.empty:
         st.success(f"No open partition lagged more than {threshold:g}s at {clock(at)} UTC.")
@@ -109,7 +127,9 @@ with left:
     st.subheader(f"Heartbeat gaps ({len(gaps)})")
     st.caption("Two consecutive progress marks of a partition more than 3 × the heartbeat "
                "interval apart.")
-    st.dataframe(widgets.with_datetimes(gaps), hide_index=True, width="stretch")
+    st.dataframe(widgets.with_datetimes(gaps.assign(partition=[short(t) for t in
+                                                               gaps["partition"]])),
+                 hide_index=True, width="stretch")
 with right:
     st.subheader(f"Lag behind {clock(at)} UTC")
     st.plotly_chart(figures.lag_figure(lag_now, threshold), key="wm_lag_at")
