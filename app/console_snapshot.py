@@ -8,6 +8,8 @@ streams each table into a new DuckDB file made with the cache's own DDL, then it
 
 Contract:
 
+- ``prepare(cursor)`` starts bringing the snapshot up to date in the background (the SQL page
+  calls it when it opens).
 - ``lease(con)`` yields the path of a snapshot equal to what ``con`` sees now; it is rebuilt only
   when the cache changed (its ``meta`` version, its tables' row estimates or its DDL), and a
   replaced snapshot is deleted once no lease holds it.
@@ -25,7 +27,7 @@ import re
 import shutil
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -70,6 +72,30 @@ def lease(con: duckdb.DuckDBPyConnection) -> Iterator[Path]:
         yield snap.path
     finally:
         _release(snap)
+
+
+def prepare(cursor: Callable[[], duckdb.DuckDBPyConnection]) -> None:
+    """Bring the snapshot of the cache up to date on a thread of its own (``cursor`` makes a
+    new cursor of the cache on that thread), so that the first query need not wait for the copy
+    (seconds on a million records). Returns at once; does nothing while a copy is under way."""
+    threading.Thread(target=_prepare, args=(cursor,), name="console-snapshot",
+                     daemon=True).start()
+
+
+def _prepare(cursor: Callable[[], duckdb.DuckDBPyConnection]) -> None:
+    con = cursor()
+    try:
+        source = con.execute("SELECT coalesce(path, database_name) FROM duckdb_databases() "
+                             "WHERE database_name = current_database()").fetchone()[0]
+        with _lock:
+            busy = _building.setdefault(str(source), threading.Lock()).locked()
+        if not busy:
+            with lease(con):
+                pass
+    except (duckdb.Error, OSError):
+        pass  # the query that needs the snapshot copies it again and says what failed
+    finally:
+        con.close()
 
 
 def folder() -> Path:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -118,6 +119,12 @@ class TooLarge(Refused):
 class Result:
     frame: pd.DataFrame
     truncated: bool
+
+
+def prepare(cursor: Callable[[], duckdb.DuckDBPyConnection]) -> None:
+    """Start bringing the snapshot the console reads up to date (``console_snapshot.prepare``);
+    returns at once."""
+    console_snapshot.prepare(cursor)
 
 
 def check(sql: str) -> str:

@@ -6,6 +6,8 @@ from app import resources, sql_console, widgets
 from app.safe import md
 
 c = widgets.need_stream()
+# The console reads a snapshot of the cache: start copying it while the user writes a query.
+sql_console.prepare(resources.open_cache(c.path).cursor)
 st.title("SQL")
 main, side = st.columns([3, 2])
 with side:

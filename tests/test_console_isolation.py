@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
 
 import pytest
@@ -245,6 +246,19 @@ def test_the_snapshot_follows_the_cache(tmp_path):
         assert second < first and second == c.con.execute(count).fetchone()[0]
         with console_snapshot.lease(c.cursor()) as newest:
             assert newest != a and not a.exists()  # the replaced copy is gone
+
+
+def test_the_snapshot_is_copied_before_the_first_query(tmp_path):
+    """The SQL page starts the copy when it opens: the query then finds it made."""
+    path = tmp_path / "c.duckdb"
+    with Cache(path) as c:
+        land_world(c, build_world(3, 0.05))
+        sql_console.prepare(c.cursor)
+        wait_until(lambda: not any(t.name == "console-snapshot" for t in threading.enumerate()),
+                   "the snapshot's copy")
+        made = set(console_snapshot.folder().glob("snapshot-*.duckdb"))
+        with console_snapshot.lease(c.cursor()) as db:
+            assert db in made
 
 
 KILLED_PARENT = textwrap.dedent("""
