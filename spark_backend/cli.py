@@ -518,6 +518,8 @@ def cmd_report(args) -> int:
 
 
 def cmd_history(args) -> int:
+    import pandas as pd  # heavy: only the commands that read frames need it
+
     from spark_backend.analysis.transactions import history
     from spark_backend.model.timestamps import format_ns
 
@@ -535,7 +537,8 @@ def cmd_history(args) -> int:
                        f"{', '.join(known) or 'none'}.")
     items = [
         {
-            "commit_timestamp": format_ns(int(r.commit_ns)),
+            # A changefeed without `updated` carries no commit time: null, never a made-up one.
+            "commit_timestamp": None if pd.isna(r.commit_ns) else format_ns(int(r.commit_ns)),
             "mod_type": r.mod_type,
             "keys": json.loads(r.keys),
             "old_values": json.loads(r.old_values) if r.old_values else {},
@@ -550,7 +553,8 @@ def cmd_history(args) -> int:
         print(json.dumps(items, indent=2, ensure_ascii=False))
     else:
         for it in items:
-            print(f"{it['commit_timestamp']} {it['mod_type']:<6} {json.dumps(it['keys'])} "
+            when = it["commit_timestamp"] or "(no time)"
+            print(f"{when} {it['mod_type']:<6} {json.dumps(it['keys'])} "
                   f"old={json.dumps(it['old_values'])} new={json.dumps(it['new_values'])} "
                   f"txn={it['transaction_id']} partition={it['partition']}")
         print(f"{len(items)} change(s)", file=sys.stderr)
