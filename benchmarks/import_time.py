@@ -124,8 +124,10 @@ def _role(pid: int, top: int) -> str:
 def _measured(argv: list[str], work: Path) -> tuple[float, str, dict[str, int], int]:
     """Run ``argv``: (seconds, its stdout, peak VmHWM per role, peak Pss of the whole tree)."""
     began = time.perf_counter()
-    proc = subprocess.Popen(argv, cwd=ROOT, env=_env(work), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    out_file, err_file = open(work / "out.txt", "w+"), open(work / "err.txt", "w+")
+    # To files, not pipes: a pipe nobody reads until the end would stop the command once full.
+    proc = subprocess.Popen(argv, cwd=ROOT, env=_env(work), stdout=out_file, stderr=err_file,
+                            text=True)
     peaks: dict[str, int] = {}
     pss_peak = 0
     while proc.poll() is None:
@@ -135,7 +137,12 @@ def _measured(argv: list[str], work: Path) -> tuple[float, str, dict[str, int], 
             role = _role(pid, proc.pid)
             peaks[role] = max(peaks.get(role, 0), _status(pid, "VmHWM"))
         time.sleep(0.2)
-    out, err = proc.communicate()
+    proc.wait()
+    out_file.seek(0)
+    err_file.seek(0)
+    out, err = out_file.read(), err_file.read()
+    out_file.close()
+    err_file.close()
     if proc.returncode != 0:
         raise SystemExit(f"the import failed: {err.strip()[-2000:]}")
     return time.perf_counter() - began, out, peaks, pss_peak
