@@ -265,8 +265,13 @@ class _Reading:
         check_unchanged(self.plan.files, self.read)
 
     def _part_read(self, marker: dict[str, Any]) -> None:
+        """Count a part read; tell it when it is the first, the last or one more percent of
+        the parts (a folder of 10,000 files is 100 lines, not 10,000)."""
         self.read[(marker["path"], marker["start"])] = (marker["bytes"], marker["sha256"])
         self.done_bytes += marker["bytes"] or 0
+        done = len(self.read)
+        if 1 < done < self.parts and done * 100 // self.parts == (done - 1) * 100 // self.parts:
+            return
         self.say(f"read {len(self.read):,} of {self.parts:,} part(s), "
                  f"{_mb(self.done_bytes)} of {_mb(self.size)}: {self.rows - self.bad:,} "
                  f"record(s), {self.bad:,} bad line(s)")
