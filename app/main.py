@@ -20,7 +20,7 @@ import spark_backend  # noqa: E402, F401, I001
 import streamlit as st  # noqa: E402
 from streamlit import config as st_config  # noqa: E402
 
-from app import nav, resources, state, widgets  # noqa: E402
+from app import import_roots, nav, resources, state, widgets  # noqa: E402
 from app.live import LIVE_PREFIX  # noqa: E402
 from app.safe import md  # noqa: E402
 
@@ -81,7 +81,9 @@ def _sidebar_cache() -> str:
     default = st.session_state.setdefault("cache_path", resources.default_cache_path())
     path = st.sidebar.text_input("Cache file", value=default, key="cache_path_input",
                                  help="A DuckDB file; env CSI_CACHE sets the default.")
-    path = path.strip() or default
+    path, refused = import_roots.cache_choice(path, default)
+    if refused:
+        st.sidebar.error(md(refused))
     st.session_state["cache_path"] = path
     return path
 

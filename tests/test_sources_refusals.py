@@ -241,3 +241,23 @@ def test_a_typed_cache_path_opens_only_in_the_start_up_cache_folder(tmp_path, mo
     monkeypatch.delenv("CSI_CACHE")
     assert import_roots.cache_choice("b.duckdb", current) == (
         str(Path.home().resolve() / ".cache" / "changestream-inspector" / "b.duckdb"), None)
+
+
+def test_the_sidebar_refuses_a_cache_path_outside_and_creates_nothing(tmp_path, monkeypatch):
+    caches, elsewhere = tmp_path / "caches", tmp_path / "elsewhere"
+    caches.mkdir()
+    elsewhere.mkdir()
+    start = caches / "main.duckdb"
+    with Cache(start) as c:
+        land_world(c, build_world(7, 0.1))
+    monkeypatch.setenv("CSI_CACHE", str(start))
+    at = AppTest.from_file(MAIN, default_timeout=120)
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    for typed in (str(elsewhere / "new.duckdb"), "/etc/passwd"):
+        at.sidebar.text_input(key="cache_path_input").set_value(typed).run()
+        assert not at.exception, [e.value for e in at.exception]
+        errors = [plain(e.value) for e in at.sidebar.error]
+        assert any(f"{typed} is not opened" in e for e in errors), errors
+        assert at.session_state["cache_path"] == str(start)
+    assert list(elsewhere.iterdir()) == []  # the refused path was never opened (nor created)
