@@ -89,11 +89,12 @@ def test_a_1gb_recording_lands_in_bounded_memory(tmp_path):
     assert got["records"] == lines - bad and got["bad"] == bad and got["duplicates"] == 0
     parts = int(progress[-1].split(" of ")[1].split()[0].replace(",", ""))
     assert parts >= size // (40 * 1024 * 1024) and len(progress) == parts
-    # Neither this process nor Spark's JVM ever held the file's rows: each peak stays under
-    # the file's own size (the rows as Python or Arrow values are several times larger).
+    # Neither this process nor Spark's JVM ever held the file's rows (1 GB of lines are
+    # several GB as Python or Arrow values): fixed bounds, whatever the file's size. The
+    # driver's peak was 1,216 MB for 1 GB while DuckDB held every chunk of the transaction.
     jvm = max(p for cmd, p in got["children"] if cmd.endswith("java"))
-    assert got["driver_peak"] < min(size, 1_000_000_000) * 0.8, got
-    assert jvm < min(size, 1_000_000_000) * 1.2, got
+    assert got["driver_peak"] < 600_000_000, got
+    assert jvm < 900_000_000, got  # its heap is 512 MB (spark.driver.memory)
     with duckdb.connect(str(tmp_path / "c.duckdb"), read_only=True) as con:
         landed = con.execute("SELECT (SELECT count(*) FROM data_change_records) + "
                              "(SELECT count(*) FROM heartbeats) + "
