@@ -22,6 +22,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import hashlib
+import itertools
 import os
 import re
 import shutil
@@ -53,6 +54,7 @@ _lock = threading.Lock()
 _current: dict[str, _Snapshot] = {}  # cache file -> its newest snapshot
 _building: dict[str, threading.Lock] = {}
 _folder: Path | None = None
+_serial = itertools.count(1)
 
 
 @contextlib.contextmanager
@@ -138,7 +140,7 @@ def _get(cur: duckdb.DuckDBPyConnection, source: str, key: str) -> _Snapshot:
             if snap is not None and snap.key == key:
                 snap.leases += 1
                 return snap
-        path = folder() / f"snapshot-{key[:16]}-{threading.get_ident()}.duckdb"
+        path = folder() / f"snapshot-{next(_serial)}.duckdb"  # never a name used before
         try:
             _copy(cur, path)
         except BaseException:

@@ -248,6 +248,23 @@ def test_the_snapshot_follows_the_cache(tmp_path):
             assert newest != a and not a.exists()  # the replaced copy is gone
 
 
+def test_two_caches_of_the_same_content_each_have_their_snapshot(tmp_path):
+    world = build_world(3, 0.05)
+    caches = [Cache(tmp_path / f"{name}.duckdb") for name in ("a", "b")]
+    try:
+        for c in caches:
+            land_world(c, world)
+        count = "SELECT count(*) AS n FROM data_change_records"
+        got = [int(sql_console.run(c.cursor(), count).frame["n"].iloc[0]) for c in caches * 2]
+        assert got == [world.num_data_change_records] * 4
+        with console_snapshot.lease(caches[0].cursor()) as a, \
+                console_snapshot.lease(caches[1].cursor()) as b:
+            assert a != b
+    finally:
+        for c in caches:
+            c.close()
+
+
 def test_the_snapshot_is_copied_before_the_first_query(tmp_path):
     """The SQL page starts the copy when it opens: the query then finds it made."""
     path = tmp_path / "c.duckdb"
