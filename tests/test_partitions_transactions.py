@@ -1,0 +1,85 @@
+"""The Transactions page read by default: the widest transactions as a table, one transaction
+on labelled partition lanes, the density's lanes named, the metrics saying what they count.
+AppTest on the demo world landed without Spark."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from app import partitions_transactions
+from app.formatting import short
+from app.queries import TxnFilter
+from spark_backend.cache.store import Cache
+from spark_backend.demo.world import build_world
+from tests.support.demo_cache import DEMO_SCALE, DEMO_SEED, land_world
+
+MAIN = str(Path(__file__).resolve().parent.parent / "app" / "main.py")
+
+
+@pytest.fixture(scope="module")
+def world():
+    return build_world(DEMO_SEED, DEMO_SCALE)
+
+
+@pytest.fixture(scope="module")
+def demo_cache(tmp_path_factory, world) -> str:
+    path = str(tmp_path_factory.mktemp("txns") / "demo.duckdb")
+    with Cache(path) as cache:
+        land_world(cache, world)
+    return path
+
+
+def app(cache: str, **params: str) -> AppTest:
+    at = AppTest.from_file(MAIN, default_timeout=120)
+    at.session_state["cache_path"] = cache
+    for name, value in params.items():
+        at.query_params[name] = value
+    at.run()
+    at.switch_page("../pages/transactions.py").run()
+    assert not at.exception, [e.value for e in at.exception]
+    return at
+
+
+def test_widest_are_the_world_s_widest(demo_cache, world):
+    with Cache(demo_cache) as cache:
+        wide = partitions_transactions.widest(cache.con, "DemoStream", TxnFilter())
+    assert len(wide) == partitions_transactions.WIDEST
+    widths = sorted((len(i.partitions) for i in world.transactions.values()), reverse=True)
+    assert list(wide["partitions"]) == widths[:partitions_transactions.WIDEST]
+    for row in wide.itertuples():
+        info = world.transactions[row.txid]
+        assert row.records == info.num_records and row.partitions == len(info.partitions)
+
+
+def test_the_page_leads_with_the_widest_table_and_names_its_counts(demo_cache, world):
+    at = app(demo_cache)
+    table = next(d.value for d in at.dataframe if "transaction" in d.value.columns)
+    assert len(table) == partitions_transactions.WIDEST
+    first = world.transactions[table["transaction"][0]]
+    assert table["partitions seen / expected"][0].startswith(f"{len(first.partitions)} / ")
+    labels = [m.label for m in at.metric]
+    assert "Transaction × partition pairs seen / expected" in labels
+    assert not any(label == "Partitions seen / expected" for label in labels)
+    # The density (more transactions than drawn one by one) names its lanes.
+    heat = next(json.loads(c.proto.spec) for c in at.get("plotly_chart")
+                if '"heatmap"' in c.proto.spec)
+    ticks = heat["layout"]["yaxis"]["ticktext"]
+    tokens = {p.token for p in world.partitions}
+    assert ticks and all(any(t.startswith(short(tok, 8).rstrip("…")) for tok in tokens)
+                         for t in (tick.split(" +")[0] for tick in ticks))
+
+
+def test_an_opened_transaction_is_drawn_on_labelled_partition_lanes(demo_cache, world):
+    txid, info = max(sorted(world.transactions.items()), key=lambda kv: len(kv[1].partitions))
+    at = app(demo_cache, txn=txid)
+    spec = next(json.loads(c.proto.spec) for c in at.get("plotly_chart")
+                if "its records across" in c.proto.spec)
+    trace = spec["data"][0]
+    assert len(trace["x"]) == info.num_records
+    lanes = spec["layout"]["yaxis"]["categoryarray"]
+    assert len(lanes) == len(info.partitions)
+    assert {lane.split(" (")[0] for lane in lanes} == {short(p, 10) for p in info.partitions}
