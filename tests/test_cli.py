@@ -10,7 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from spark_backend.cache.store import Cache
 from spark_backend.cli import main
+from spark_backend.demo.world import build_world
+from tests.support.demo_cache import DEMO_SEED, land_world
 
 ROOT = Path(__file__).resolve().parent.parent
 SCALE = "0.2"
@@ -23,9 +26,12 @@ def run(capsys, *argv):
 
 
 @pytest.fixture(scope="module")
-def demo_cache(spark, tmp_path_factory):
+def demo_cache(tmp_path_factory):
+    """The demo world landed without Spark: the commands that read a cache need no JVM (the
+    real demo pull is tested in tests/test_pull_demo.py and by the slow tests here)."""
     path = tmp_path_factory.mktemp("cli") / "demo.duckdb"
-    assert main(["pull", "--source", "demo", "--demo-scale", SCALE, "--cache", str(path)]) == 0
+    with Cache(str(path)) as cache:
+        land_world(cache, build_world(DEMO_SEED, float(SCALE)))
     return path
 
 
@@ -65,6 +71,7 @@ def test_history_of_one_key_in_commit_order(capsys, demo_cache):
     assert {c["mod_type"] for c in changes} <= {"INSERT", "UPDATE", "DELETE"}
 
 
+@pytest.mark.slow
 def test_export_then_import_gives_the_same_stream(capsys, demo_cache, tmp_path):
     out_file = tmp_path / "demo.jsonl"
     code, _, _ = run(capsys, "export", "--cache", demo_cache, "--out", out_file)
@@ -91,6 +98,7 @@ def test_export_then_import_gives_the_same_stream(capsys, demo_cache, tmp_path):
     assert json.loads(c)["records"] == a["records"]
 
 
+@pytest.mark.slow
 def test_malformed_recording_lines_are_counted_and_kept(capsys, tmp_path):
     good = {"partition_token": "t1", "heartbeat_record": {"timestamp": "2022-09-27T12:35:00Z"}}
     lines = [json.dumps(good), '{"partition_token": "t1", "heartbeat_record": {"timest',
@@ -140,6 +148,7 @@ def test_bad_input_is_one_line(capsys, demo_cache, tmp_path, argv, message):
         assert cache.stat().st_size >= before
 
 
+@pytest.mark.slow
 def test_unknown_stream_at_the_source_fails_in_one_line(capsys, tmp_path):
     code, _, err = run(capsys, "pull", "--source", "demo", "--stream", "NoSuchStream",
                        "--cache", tmp_path / "c.duckdb")
@@ -148,6 +157,7 @@ def test_unknown_stream_at_the_source_fails_in_one_line(capsys, tmp_path):
     assert len(errors) == 1 and "NoSuchStream" in errors[0] and "Traceback" not in err
 
 
+@pytest.mark.slow
 def test_several_streams_need_a_name(capsys, demo_cache, tmp_path):
     import shutil
 
@@ -223,6 +233,7 @@ def test_output_piped_into_head_stops_quietly(demo_cache):
     assert piped.stderr == "" and piped.returncode == 141, (piped.returncode, piped.stderr)
 
 
+@pytest.mark.slow
 def test_a_pull_whose_output_is_closed_goes_on_to_its_end(tmp_path):
     """``pull ... | head -1``: the progress lines have nowhere to go after the first; the pull
     is not stopped by it (nor recorded as a Spark failure): it lands everything, exit 0."""
@@ -240,6 +251,7 @@ def test_a_pull_whose_output_is_closed_goes_on_to_its_end(tmp_path):
         assert c.con.execute("SELECT status, error FROM pulls").fetchall() == [("complete", None)]
 
 
+@pytest.mark.slow
 def test_a_cache_on_a_read_only_file_system(demo_cache, tmp_path):
     """A cache in a read-only place (a read-only mount, as a user gets a colleague's cache):
     report, export and history read it; pull says in one sentence that it needs a writable

@@ -129,6 +129,7 @@ def world():
     return build_world(scale=float(SCALE))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("moment", ["spark-start", "mid-wave", "mid-ingest"])
 def test_sigkill_then_one_pull_completes_exactly(tmp_path, world, moment):
     cache = tmp_path / "c.duckdb"
@@ -146,6 +147,7 @@ def test_sigkill_then_one_pull_completes_exactly(tmp_path, world, moment):
                  heartbeats=moment == "spark-start")
 
 
+@pytest.mark.slow
 def test_sigkill_while_extending_a_range(tmp_path, world):
     cache = tmp_path / "c.duckdb"
     mid = world.start + (world.end - world.start) // 2
@@ -160,6 +162,7 @@ def test_sigkill_while_extending_a_range(tmp_path, world):
     _check_after(cache, world, killed=1, heartbeats=False)
 
 
+@pytest.mark.slow
 def test_a_cache_killed_before_anything_landed_is_read_by_report_and_every_page(tmp_path,
                                                                                  world):
     """Killed after the first query named the partitions, before anything else landed (no time
