@@ -154,11 +154,11 @@ DDL = [
         reason TEXT,
         raw TEXT,                        -- a preview: at most 200 characters, escaped
         pull_id BIGINT,
-        quarantined_at TIMESTAMP DEFAULT current_timestamp,
-        raw_bytes BIGINT,                -- the whole line's (or file's) size
-        raw_sha256 TEXT                  -- and its SHA-256
+        quarantined_at TIMESTAMP DEFAULT current_timestamp
     )""",
-    # Caches made before the preview rule: the two columns are added once (no-op after).
+    # The bad line's (a file's, for a file not of its format) size and SHA-256. Added by an
+    # ALTER, in new caches too, so that a cache made before them is not taken for one changed
+    # outside the tool (``store._check_columns`` counts CREATE TABLE columns only).
     "ALTER TABLE quarantine ADD COLUMN IF NOT EXISTS raw_bytes BIGINT",
     "ALTER TABLE quarantine ADD COLUMN IF NOT EXISTS raw_sha256 TEXT",
     """CREATE TABLE IF NOT EXISTS imports (
