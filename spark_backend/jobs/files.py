@@ -207,7 +207,7 @@ def _import(cache, stream, fmt, module, files, other, options, say, spark_at,
             on_chunk=tally.count,
             extra_sql=lambda: _bookkeeping(stream, fmt, pull_id, plan, tally),
             count_existing_as_duplicates=True,
-            sort_by=[("origin", "ascending"), ("line", "ascending")], copy=True),
+            sort_by=[("origin", "ascending"), ("line", "ascending")]),
             "failed; nothing of it was kept")
     except BaseException as e:
         cache.finish_pull(pull_id, "failed", error=(str(e).splitlines() or [""])[0])
