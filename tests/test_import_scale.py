@@ -89,18 +89,19 @@ def test_a_1gb_recording_lands_in_bounded_memory(tmp_path):
     assert got["records"] == lines - bad and got["bad"] == bad and got["duplicates"] == 0
     parts = int(progress[-1].split(" of ")[1].split()[0].replace(",", ""))
     assert parts >= size // (40 * 1024 * 1024) and len(progress) == parts
-    # Neither this process nor Spark's JVM ever held the file's rows (1 GB of lines are
-    # several GB as Python or Arrow values): fixed bounds, whatever the file's size. The
-    # driver's peak was 1,216 MB for 1 GB while DuckDB held every chunk of the transaction.
-    jvm = max(p for cmd, p in got["children"] if cmd.endswith("java"))
-    assert got["driver_peak"] < 600_000_000, got
-    assert jvm < 900_000_000, got  # its heap is 512 MB (spark.driver.memory)
     with duckdb.connect(str(tmp_path / "c.duckdb"), read_only=True) as con:
         landed = con.execute("SELECT (SELECT count(*) FROM data_change_records) + "
                              "(SELECT count(*) FROM heartbeats) + "
                              "(SELECT count(*) FROM child_partitions_records)").fetchone()[0]
         q = con.execute("SELECT count(*), max(length(raw)) FROM quarantine").fetchone()
     assert landed == lines - bad and q == (bad, q[1]) and q[1] <= 200
+    # Neither this process nor Spark's JVM ever held the file's rows (1 GB of lines are
+    # several GB as Python or Arrow values): fixed bounds, whatever the file's size. The
+    # driver's peak is 1,216 MB for 1 GB: DuckDB keeps every Arrow chunk registered in the
+    # import's one transaction until it commits (not solved yet: this assertion fails).
+    jvm = max(p for cmd, p in got["children"] if cmd.endswith("java"))
+    assert jvm < 900_000_000, got  # its heap is 512 MB (spark.driver.memory)
+    assert got["driver_peak"] < 600_000_000, got
 
 
 def test_a_folder_of_10000_small_files(tmp_path):
