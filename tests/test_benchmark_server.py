@@ -10,16 +10,16 @@ from types import SimpleNamespace
 
 import pytest
 
-from spark_backend.demo.world import build_world
 from spark_backend.spanner.connect import SpannerTarget, open_database
 from spark_backend.spanner.reader import read_partition_rows
 from tests.support.benchmarks import load_benchmark
+from tests.support.demo_cache import demo_world
 
 
 @pytest.mark.parametrize("dialect", ["googlesql", "postgresql"])
 def test_a_continued_partition_gets_its_records_from_the_start_and_none_before(dialect):
     bench = load_benchmark("pull_throughput")
-    world = build_world(seed=7)
+    world = demo_world(7)
     server = bench._bench_server(world, dialect, 0.0)
     # The partition whose records are chunked in the longest run of responses without a row
     # beginning at their start (the old server went back to the start of such a run).
@@ -67,7 +67,7 @@ def test_a_pull_of_the_last_minutes_gets_exactly_the_worlds_records_from_its_sta
     from spark_backend.spanner.workflow import read_partitions
 
     bench = load_benchmark("pull_throughput")
-    world = build_world(seed=7)
+    world = demo_world(7)
     server = bench._bench_server(world, dialect, 0.0)
     bench.encode_partitions(server, world, dialect)
     start = world.end - 10 * 60 * 10**9
@@ -87,7 +87,7 @@ def test_a_pull_of_the_last_minutes_gets_exactly_the_worlds_records_from_its_sta
         assert len(roots) == len(world.partitions_alive_at(start))
         before = server.counters
         rows = list(read_partitions(db, dialect, world.stream, roots, world.end,
-                                    bench.HEARTBEAT_MS, park_reads=False))
+                                    bench.HEARTBEAT_MS))
         queries = server.counters["queries"] - before["queries"]
     got = sorted((r["partition_token"], r["ts_ns"], r["server_transaction_id"],
                   r["record_sequence"]) for r in rows if r["kind"] == "data_change")
@@ -251,7 +251,7 @@ def test_the_servers_trace_of_a_real_read_follows_the_worlds_partitions(dialect)
     from spark_backend.spanner.workflow import read_partitions
 
     bench = load_benchmark("pull_throughput")
-    world = build_world(seed=7)
+    world = demo_world(7)
     server = bench._bench_server(world, dialect, 0.0)
     encoded = bench.encode_partitions(server, world, dialect)
     with server:
@@ -262,7 +262,7 @@ def test_the_servers_trace_of_a_real_read_follows_the_worlds_partitions(dialect)
                  if row["kind"] == "child_partitions"
                  for c in json.loads(row["child_partitions"])]
         rows = list(read_partitions(db, dialect, world.stream, roots, world.end,
-                                    bench.HEARTBEAT_MS, park_reads=False))
+                                    bench.HEARTBEAT_MS))
     assert rows
     [queries] = server.trace.pulls
     assert sorted(q[0] for q in queries if q[0]) == sorted(p.token for p in world.partitions)

@@ -190,8 +190,10 @@ def test_arrows_allocator_gives_freed_pages_back_in_the_tools_processes():
 
 _ARENA_PROBE = """
 import ctypes, os, sys, tempfile, threading
-if sys.argv[1] == "package":
+if sys.argv[1] in ("package", "own"):
     import spark_backend
+if sys.argv[1] == "package":  # a process the package starts: it inherits the environment
+    os.execv(sys.executable, [sys.executable, "-c", os.environ["ARENA_PROBE"], "started"])
 barrier = threading.Barrier(16)
 def work():
     keep = [bytearray(1000) for _ in range(100)]  # malloc'd by this thread
@@ -211,11 +213,12 @@ with tempfile.NamedTemporaryFile("r", suffix=".xml") as out:
 
 def test_the_tools_processes_keep_two_malloc_arenas():
     """glibc's malloc reads MALLOC_ARENA_MAX when a process starts: the package sets it for
-    the processes it starts (Spark's JVM and workers inherit it) and caps the arenas of the
-    process importing it itself; a user's own setting wins. 16 threads allocating at once
-    would otherwise get arenas of their own (up to 8 per core)."""
+    the processes it starts (Spark's JVM and workers inherit it) and leaves the malloc of the
+    process importing it as the user started it; a user's own setting wins. 16 threads
+    allocating at once would otherwise get arenas of their own (up to 8 per core)."""
     def arenas(mode, **env):
         full = {k: v for k, v in os.environ.items() if k != "MALLOC_ARENA_MAX"}
+        full["ARENA_PROBE"] = _ARENA_PROBE
         out = subprocess.run([sys.executable, "-c", _ARENA_PROBE, mode], env={**full, **env},
                              cwd=ROOT, capture_output=True, text=True, timeout=60, check=True)
         setting, heaps = out.stdout.split()
@@ -225,6 +228,8 @@ def test_the_tools_processes_keep_two_malloc_arenas():
     assert arenas("package", MALLOC_ARENA_MAX="1") == ("1", 1)
     setting, heaps = arenas("without")
     assert setting == "None" and heaps > 2
+    _, own = arenas("own")  # importing the package tunes nothing in the importing process
+    assert own > 2
 
 
 def _demo_data_change_rows():
