@@ -105,7 +105,14 @@ def partition_panel(c: state.Ctx, token: str) -> None:
         st.page_link(nav.page("records"), label="Browse this partition's records",
                      query_params={"stream": c.stream, "partition": token})
     with tab_beats:
-        st.dataframe(detail["heartbeats"], hide_index=True, width="stretch", height=260)
+        beats = detail["heartbeats"]
+        # The silence between heartbeats is what a reader looks for: said per row.
+        gap = beats["timestamp"].diff().dt.total_seconds().round(1)
+        st.dataframe(beats.assign(**{"seconds since the previous": gap}), hide_index=True,
+                     width="stretch", height=260,
+                     column_config={"seconds since the previous": st.column_config.ProgressColumn(
+                         format="%.1f", min_value=0.0,
+                         max_value=float(gap.max()) if gap.notna().any() else 1.0)})
 
 
 def _ns(value) -> int | None:

@@ -2,7 +2,7 @@
 
 import streamlit as st
 
-from app import dag_layout, figures, overview_view, resources, state, widgets
+from app import dag_layout, figures, nav, overview_view, resources, state, widgets
 from app.formatting import clock, range_clip_note, to_datetime
 from app.safe import md
 
@@ -92,4 +92,11 @@ with st.expander(f"Merges ({len(merges)}) and splits", expanded=bool(highlight))
                  width="stretch", height=240)
 
 if selected:
+    if beats:
+        st.page_link(nav.page("watermarks"), label="What was it doing? (its silences)",
+                     icon=":material/timeline:",
+                     query_params={k: v for k, v in {"stream": c.stream,
+                                                     "start": state.param("start"),
+                                                     "end": state.param("end"),
+                                                     "partition": selected}.items() if v})
     widgets.partition_panel(c, selected)

@@ -160,6 +160,13 @@ def test_the_partition_travels_to_the_dag(demo_cache, truth):
     spec = json.loads(at.get("plotly_chart")[0].proto.spec)
     picked = [t for t in spec["data"] if t.get("name") == "selected"]
     assert len(picked) == 1, "the DAG outlines the partition carried in the URL"
+    # ... and carries it back to its silence.
+    back = next(p for p in at.get("page_link") if p.proto.page == "watermarks")
+    assert parse_qs(back.proto.query_string)["partition"] == [token]
+    # Its heartbeats say the silence between them.
+    beats = next(d.value for d in at.dataframe if "seconds since the previous" in d.value.columns)
+    worst = truth["table"].set_index("token").loc[token, "worst_lag_s"]
+    assert beats["seconds since the previous"].max() >= round(worst, 1)
 
 
 def test_an_unknown_partition_is_one_sentence(demo_cache):
