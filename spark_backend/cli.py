@@ -358,13 +358,14 @@ def cmd_pull(args) -> int:
     if args.source == "beam-metadata":
         return _pull_beam(args)
     from spark_backend.jobs.pull import run_pull
+    from spark_backend.jobs.spark_start import start_spark_aside
 
     request = _request(args)
     progress = _Progress()
     with _landing_cache(args.cache, "pull") as cache:
         if not (args.spark_remote or (not args.spark_master
                                       and os.environ.get(config.SPARK_REMOTE_ENVVAR))):
-            _start_spark_aside(args.spark_master)  # a classic session (Connect's is a client)
+            start_spark_aside(args.spark_master)  # a classic session (Connect's is a client)
         result = run_pull(cache, request, progress)
     progress.done()
     if result.status == "failed" and interrupts.requested() is not None:
@@ -379,31 +380,6 @@ def cmd_pull(args) -> int:
     print(f"{result.stream}: pulled {result.records:,} records from {result.partitions_read} "
           f"partitions in {result.waves} waves ({result.seconds:.1f}s) into {args.cache}")
     return 0
-
-
-def _start_spark_aside(master: str | None) -> None:
-    """Spark's classic session, started on a thread of its own while the main thread waits
-    (the pull then finds it started). On the main thread pyspark's context installs a SIGINT
-    handler of its own (``_on_signal`` would no longer see Ctrl-C), and a signal landing amid
-    Spark's imports left modules half imported (``partially initialized module 'pandas'``); a
-    wait is where a signal interrupts the main thread cleanly."""
-    done = threading.Event()
-    failed: list[BaseException] = []
-
-    def start() -> None:
-        try:
-            from spark_backend.spark.session import spark_session
-
-            spark_session(master)
-        except BaseException as e:
-            failed.append(e)
-        finally:
-            done.set()
-
-    threading.Thread(target=start, name="spark-start", daemon=True).start()
-    done.wait()
-    if failed:
-        raise failed[0]
 
 
 def _pull_beam(args) -> int:
