@@ -150,7 +150,7 @@ def summary(con: duckdb.DuckDBPyConnection, stream: str) -> dict[str, Any]:
 def build_report(
     con: duckdb.DuckDBPyConnection, stream: str, stall_after_s: float = 60.0
 ) -> dict[str, Any]:
-    """The `report --json` object (keys documented in README)."""
+    """The `report --json` object (keys documented in docs/command-line.md)."""
     parts = partitions(con, stream, stall_after_s)
     edge_df = edges(con, stream)
     wm, holder = low_watermark(con, stream)

@@ -1,4 +1,4 @@
-"""The DuckDB cache's tables. Documented for users in README.md ("The cache schema").
+"""The DuckDB cache's tables. Documented for users in docs/cache-schema.md.
 
 Timestamps are TIMESTAMP_NS (UTC, full precision). Every table is keyed by ``stream``, the
 name the stream has in the cache (one cache file holds several streams).

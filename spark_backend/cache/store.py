@@ -378,14 +378,11 @@ def rebuild_transactions(con: duckdb.DuckDBPyConnection, stream: str, touched: s
         f"(SELECT id FROM {touched})", [stream])
     slices = max(1, -(-int(records) // _SUMMARY_SLICE_RECORDS))
     # The slice's filter takes its numbers as UBIGINT, the type of ``hash``: bound as plain
-    # integers DuckDB evaluated it ~20x slower (a 1M-record pull's summary: 8.4 s -> ~3.9 s).
-    # It slices by the hash's low 32 bits, ``Cache._summarize``'s slices by its high 32: with
-    # the same bits, a slice of a slice whose counts shared a factor was all or nothing (a
-    # 1M-record pull's end at 2 ms: 6 slices of what changed, each rebuilt in 2 statements of
-    # which one got it all, ran out of 64MB; ``benchmarks/MEMORY.md``, stop 49).
+    # integers DuckDB evaluates it far slower. It slices by the hash's low 32 bits,
+    # ``Cache._summarize``'s slices by its high 32: with the same bits, a slice of a slice whose
+    # counts share a factor would be all or nothing (and one statement would get it all).
     # The lists are made distinct by ``list_distinct`` (which also drops NULLs), not by
-    # DISTINCT aggregates: those keep a hash table per list and group, and the statements of
-    # a 1M-record pull's summary took 3.3 s with them, 3.0 s without (replayed on its cache).
+    # DISTINCT aggregates, which keep a hash table per list and group.
     for i in range(slices):
         con.execute(
             f"""INSERT INTO transactions
@@ -759,12 +756,10 @@ class Cache:
 
         After an early summary, what changed since is found and rebuilt a slice of the
         transactions' ids at a time (``_CHANGED_SLICE_RECORDS`` of the pull's records per
-        slice; the rebuild slices each again by its own count): found at once in a 1M-record
-        pull (458k transactions: their ids, the records' count per id and the summary's rows
-        joined) it ran out of a pull's ``64MB``, and the pull's end then opened the cache
-        again with ``DEFAULT_MEMORY_LIMIT`` (the driver's PSS at the end 346 MB against ~300
-        in the pull; ``benchmarks/MEMORY.md``, stop 47). A slice here is one of the hash's
-        high 32 bits, so that the rebuild's own slices (its low 32 bits) split it again."""
+        slice; the rebuild slices each again by its own count): found at once, a 1M-record
+        pull's changes (their ids, the records' count per id and the summary's rows joined)
+        do not fit a pull's ``64MB``. A slice here is one of the hash's high 32 bits, so that
+        the rebuild's own slices (its low 32 bits) split it again."""
         key = _UNSUMMARIZED + stream
         row = self.con.execute("SELECT value FROM meta WHERE key = ?", [key]).fetchone()
         if row is None:

@@ -82,15 +82,9 @@ class PullRequest:
     max_attempts: int = 6
     threads_per_task: int = 64          # partitions a task reads at once (they mostly wait)
     # A task's budget: it stops its reads after this many rows or seconds. It bounds what one
-    # task hands to the driver (and what waits there for the landing), and each end cost
-    # the reads it stopped before they were parked for the next task (workflow.py; in a
-    # 1M-record pull at 20 ms: ~0.25 s from a read's stop to its query in the next task,
-    # and the row it stopped on was read twice; 35-40 such ends on
-    # the longest chain of a pull of 16,384 rows / 5 s). 16,384 / 5 s -> 32,768 / 8 s: that
-    # pull in 147.3 / 147.0 s instead of 155.8 / 156.3 (sessions reused in both; ~43 jobs
-    # instead of ~81), its peak PSS ~10-20 MB higher (README, "Memory of a pull", with the
-    # runs). (Earlier: 50,000 -> 16,384 took its peak from median 1,143 to 1,117 MB when the
-    # driver still held more per task.)
+    # task hands to the driver (and what waits there for the landing); each stop costs the
+    # next task a new query of that partition, so a larger budget means fewer stops for a
+    # little more memory (measurements: benchmarks/MEMORY.md).
     max_rows_per_task: int = 32_768
     task_seconds: float = 8.0           # a task's results reach the driver when it ends
     # "spark": Spark's tasks read (the pull). "here": this process reads, without Spark: for a
@@ -202,9 +196,7 @@ _LANDED = object()
 # rebuilds only what changed since (``Cache.summarize_landed``). Each summary looks at all the
 # pull's records to find what changed, so a pull whose slots idle all along (a stream of one
 # partition) summarizes at 100k, 200k, 400k, ... records: its summaries scan about twice its
-# records in all (counted, not measured), not the square of them. The benchmark's 1M-record
-# pull at 20 ms: once, with 1,081,836 of its 1,087,026 records landed, 3.8 s; the end then rebuilt
-# 4,885 transactions and took 0.9 s after the reads instead of 3.5-4.6 (stop 45).
+# records in all, not the square of them.
 EARLY_SUMMARY_IDLE_S = 2.0
 EARLY_SUMMARY_RECORDS = 100_000
 

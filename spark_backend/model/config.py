@@ -51,16 +51,14 @@ PULL_ALLOCATOR = {"allocator_flush_threshold": "8MB", "allocator_background_thre
 # Arrow's allocator (mimalloc) keeps the pages it freed for a second before it gives them back,
 # and reads that once, when pyarrow loads: ``spark_backend/__init__.py`` sets it first (and
 # ``app/main.py`` imports the package before anything loads pyarrow). A pull frees one task's
-# Arrow results after another, in the driver and in Spark's Python workers. 0 gives them back
-# at once: a 1M-record pull's peak PSS went 1,602 -> 1,387 MB (single runs; driver 711 -> 556,
-# the two workers 405 -> 360); replaying its landings took 3-10% longer.
-# glibc's malloc (Python's objects, DuckDB, the JVM's own) keeps one arena of freed memory per
-# thread that ever allocated, up to 8 per core: the driver's landing and job threads, the
-# workers' reader threads and the JVM's each hold pages another could reuse. Two arenas per process:
-# see ``README.md`` ("Memory of a pull") for what it saved. glibc reads MALLOC_ARENA_MAX when a
-# process starts: the processes this one starts (Spark's JVM and its local Python workers)
-# inherit it; this process's own malloc is left as the user started it. A cluster's executors
-# get these from the session (``spark.executorEnv``). A user's own setting wins.
+# Arrow results after another, in the driver and in Spark's Python workers: 0 gives them back at
+# once, which lowers a pull's peak memory for a few percent of landing time.
+# glibc's malloc keeps one arena of freed memory per thread that ever allocated (up to 8 per
+# core); two per process let the landing, job and reader threads reuse each other's pages.
+# glibc reads MALLOC_ARENA_MAX when a process starts: the processes this one starts (Spark's JVM
+# and its local Python workers) inherit it; this process's own malloc is left as the user started
+# it. A cluster's executors get these from the session (``spark.executorEnv``). A user's own
+# setting wins. Measurements: benchmarks/MEMORY.md and docs/pull.md ("Memory of a pull").
 ALLOCATOR_ENV = {"MIMALLOC_PURGE_DELAY": "0", "MALLOC_ARENA_MAX": "2"}
 
 

@@ -60,10 +60,9 @@ WAITED_S = 0.005       # a row that took longer to arrive than this came in a re
 WAITED_MAX_S = 1.0     # ... and one that took this long or longer came from a quiet partition
 KEEP_SECONDS = 0.1     # how long a stopped read may pass on such rows before it stops anyway
 # Rows the task's reads have handed on and its batching has not taken yet. A row waits there
-# as a Python dict (~1.5 KB in the 1M benchmark world); the queue fills where the stream
-# delivers faster than the task's core packs (the 1M world's first ~40 s). Halving the three
-# bounds (4,096, 1,024, 8,192 before) took the 1M pull's peak PSS ~8 MB lower at 20 ms and ~15
-# at 2 ms in the same times (README, "Memory of a pull"; benchmarks/MEMORY.md, stop 46).
+# as a Python dict (~1.5 KB each); the queue fills where the stream delivers faster than the
+# task's core packs. The bounds trade a little peak memory against nothing measurable in time
+# (benchmarks/MEMORY.md).
 ROWS_QUEUED = 2048
 # Rows a read gathers before it hands them on as one list; it also hands on what it gathered
 # when a row made it wait for the source (the rows of the response before are complete) and

@@ -25,11 +25,8 @@ from spark_backend.spark.packing import PACKED_DDL, packed
 BATCH_ROWS = 4096  # rows of an imported file per Arrow batch
 # Records of a change stream read per Arrow batch (a packed row of a pull's job, see
 # ``change_stream_frame``): a task holds the rows of the batch it is filling as Python values
-# until it converts and packs them. 4,096 -> 2,048 took the Python workers' peak PSS in a
-# 1M-record pull at 20 ms from median 331 MB (11 pulls, 319-336) to 313-318 (4 pulls) and at
-# 100k / 2 ms from 313-317 to 306-308 (2 processes of 3 pulls each), the pulls' times
-# unchanged; 1,024 gave nothing more (313). The queue of rows before it was not the cause:
-# 4,096 -> 512 left them at 329-331 (benchmarks/MEMORY.md, stop 36).
+# until it converts and packs them: 2,048 keeps the Python workers' peak lower than 4,096 at the
+# same speed, and smaller gives nothing more (benchmarks/MEMORY.md).
 STREAM_BATCH_ROWS = 2048
 
 
