@@ -406,10 +406,9 @@ class Cache:
 
     Every connection to a cache runs with DuckDB's own guards (``LOCKED_DOWN``): no file,
     network or extension access and a locked configuration. The cache needs none of these
-    (batches arrive as Arrow, Parquet staging is read with pyarrow), and the SQL console then
-    runs on the same instance that the dashboard holds open read-write: DuckDB refuses a
-    second connection to one file with other settings in one process, and another process
-    cannot open a file a writer holds.
+    (batches arrive as Arrow, Parquet staging is read with pyarrow). Another process cannot
+    open a file a writer holds, so the SQL console reads a snapshot of the cache taken through
+    this connection (``app/console_snapshot.py``), in a worker process of its own.
     """
 
     def __init__(self, path: str | Path, read_only: bool = False, *,
