@@ -79,5 +79,14 @@ def require_emulator() -> str:
 
 
 @pytest.fixture(scope="session")
+def landed_caches(tmp_path_factory):
+    """Demo worlds landed without Spark once per session; ``landed_caches.copy(dest, seed,
+    scale)`` gives a module a cache file of its own (see tests/support/demo_cache.py)."""
+    from tests.support.demo_cache import LandedCaches
+
+    return LandedCaches(tmp_path_factory.mktemp("landed"))
+
+
+@pytest.fixture(scope="session")
 def emulator_binary() -> str:
     return require_emulator()

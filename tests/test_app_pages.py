@@ -19,24 +19,29 @@ from app import pulling, queries, samples, sql_console
 from app.formatting import short
 from spark_backend import analysis
 from spark_backend.cache.store import Cache
-from spark_backend.demo.world import build_world
 from spark_backend.model.errors import BadInput
-from tests.support.demo_cache import DEMO_SCALE, DEMO_SEED, land_world
+from tests.support.demo_cache import DEMO_SCALE, DEMO_SEED, demo_world
 
 MAIN = str(Path(__file__).resolve().parent.parent / "app" / "main.py")
 
 
 @pytest.fixture(scope="module")
 def world():
-    return build_world(DEMO_SEED, DEMO_SCALE)
+    return demo_world(DEMO_SEED, DEMO_SCALE)
 
 
 @pytest.fixture(scope="module")
-def demo_cache(tmp_path_factory, world) -> str:
-    path = str(tmp_path_factory.mktemp("app") / "demo.duckdb")
-    with Cache(path) as cache:
-        land_world(cache, world)
-    return path
+def demo_cache(tmp_path_factory, landed_caches) -> str:
+    """The demo world landed without Spark (a copy of the session's landed cache)."""
+    return landed_caches.copy(tmp_path_factory.mktemp("app") / "demo.duckdb", DEMO_SEED,
+                              DEMO_SCALE)
+
+
+@pytest.fixture(scope="module")
+def small_cache(tmp_path_factory, landed_caches) -> str:
+    """A tenth of the demo world, landed the same way: for checks that need a cache, not its
+    size."""
+    return landed_caches.copy(tmp_path_factory.mktemp("app") / "small.duckdb", DEMO_SEED, 0.1)
 
 
 @pytest.fixture(scope="module")
@@ -198,8 +203,8 @@ def test_sql_console_runs_and_refuses(demo_cache):
 # The console's refusals and escapes: tests/test_console.py.
 
 
-def test_sql_console_accepts_plain_queries(demo_cache):
-    with Cache(demo_cache) as cache:
+def test_sql_console_accepts_plain_queries(small_cache):
+    with Cache(small_cache) as cache:
         for sql in [*sql_console.EXAMPLES.values(), "SHOW TABLES", "SUMMARIZE edges",
                     "EXPLAIN SELECT * FROM partitions", "FROM streams"]:
             assert len(sql_console.run(cache.cursor(), sql).frame) > 0, sql
@@ -239,6 +244,7 @@ def test_unusable_cache_is_a_message(tmp_path):
     assert at.sidebar.error and "not-a-cache.duckdb" in vals(at.sidebar.error)[0]
 
 
+@pytest.mark.slow  # integration-heavy: five app reruns over the full world, a page a step
 def test_walkthrough_steps_highlight_what_they_talk_about(demo_cache, world):
     at = app(demo_cache)
     at.sidebar.toggle[0].set_value(True).run()

@@ -16,6 +16,7 @@ from tests.support.benchmarks import load_benchmark
 from tests.support.demo_cache import demo_world
 
 
+@pytest.mark.slow  # integration-heavy: the benchmark server encodes the full demo world
 @pytest.mark.parametrize("dialect", ["googlesql", "postgresql"])
 def test_a_continued_partition_gets_its_records_from_the_start_and_none_before(dialect):
     bench = load_benchmark("pull_throughput")
@@ -57,6 +58,7 @@ def test_a_continued_partition_gets_its_records_from_the_start_and_none_before(d
                 f"{len(times) - r} from the start on"
 
 
+@pytest.mark.slow  # integration-heavy: the benchmark server encodes the full demo world
 @pytest.mark.parametrize("dialect", ["googlesql", "postgresql"])
 def test_a_pull_of_the_last_minutes_gets_exactly_the_worlds_records_from_its_start(dialect):
     """``--last-minutes``: the project pulls a world's last minutes from the same server. The
@@ -243,6 +245,7 @@ def test_a_trace_times_each_response_until_grpc_takes_the_next_and_splits_the_pu
     assert [s["token"] for s in paths[0]["steps"]] == ["A"]
 
 
+@pytest.mark.slow  # integration-heavy: the benchmark server encodes the full demo world
 @pytest.mark.parametrize("dialect", ["googlesql"])
 def test_the_servers_trace_of_a_real_read_follows_the_worlds_partitions(dialect):
     """The benchmark's server traces what a reader really asked: each partition once, all its

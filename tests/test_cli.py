@@ -10,10 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from spark_backend.cache.store import Cache
 from spark_backend.cli import main
-from spark_backend.demo.world import build_world
-from tests.support.demo_cache import DEMO_SEED, land_world
+from tests.support.demo_cache import DEMO_SEED
 
 ROOT = Path(__file__).resolve().parent.parent
 SCALE = "0.2"
@@ -26,12 +24,11 @@ def run(capsys, *argv):
 
 
 @pytest.fixture(scope="module")
-def demo_cache(tmp_path_factory):
+def demo_cache(tmp_path_factory, landed_caches):
     """The demo world landed without Spark: the commands that read a cache need no JVM (the
     real demo pull is tested in tests/test_pull_demo.py and by the slow tests here)."""
     path = tmp_path_factory.mktemp("cli") / "demo.duckdb"
-    with Cache(str(path)) as cache:
-        land_world(cache, build_world(DEMO_SEED, float(SCALE)))
+    landed_caches.copy(path, DEMO_SEED, float(SCALE))
     return path
 
 

@@ -24,7 +24,8 @@ from spark_backend.demo.server import (
     googlesql_row_type,
     postgresql_row_type,
 )
-from spark_backend.demo.world import build_world, format_ts, parse_ts
+from spark_backend.demo.world import format_ts, parse_ts
+from tests.support.demo_cache import demo_world
 
 SHAPES = Path(__file__).resolve().parents[1] / "fixtures" / "emulator_shapes"
 GSQL = ("SELECT ChangeRecord FROM READ_DemoStream(start_timestamp => @s, end_timestamp => @e, "
@@ -34,7 +35,7 @@ PGSQL = 'SELECT * FROM "spanner"."read_json_DemoStream"($1, $2, $3, $4, null)'
 
 @pytest.fixture(scope="module")
 def world():
-    return build_world(7)
+    return demo_world(7)
 
 
 def _dt(ns):

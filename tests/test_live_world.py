@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from spark_backend.demo.live import LiveWorld
-from spark_backend.demo.world import QueryError, build_world, parse_ts
+from spark_backend.demo.world import QueryError, parse_ts
+from tests.support.demo_cache import demo_world
 
 NS = 1_000_000_000
 
@@ -21,7 +22,7 @@ class Clock:
 
 @pytest.fixture(scope="module")
 def world():
-    return build_world(7, 1.0)
+    return demo_world(7, 1.0)
 
 
 def live(world, speed: int = 4, stall_in_s: float = 30.0) -> tuple[LiveWorld, Clock]:

@@ -13,7 +13,7 @@ from google.cloud.spanner_v1.types import ChangeStreamRecord
 from spark_backend import analysis
 from spark_backend.cache.store import Cache
 from spark_backend.demo.server import DemoServer
-from spark_backend.demo.world import MUTABLE_KEY_RANGE, QueryError, build_world
+from spark_backend.demo.world import MUTABLE_KEY_RANGE, QueryError
 from spark_backend.jobs.files import export_recording, import_files
 from spark_backend.jobs.pull import PullRequest, run_pull
 from spark_backend.spanner.connect import SpannerTarget, ask_dialect, open_database
@@ -24,6 +24,7 @@ from spark_backend.spanner.reader import (
     read_partition_rows,
 )
 from spark_backend.spanner.workflow import read_partitions
+from tests.support.demo_cache import demo_world
 
 HEARTBEAT_MS = 10_000
 SCALE = 0.3
@@ -32,7 +33,7 @@ DIALECTS = ["googlesql", "postgresql"]
 
 @pytest.fixture(scope="module")
 def world():
-    return build_world(7, SCALE, MUTABLE_KEY_RANGE)
+    return demo_world(7, SCALE, MUTABLE_KEY_RANGE)
 
 
 def truth_data(world) -> set[tuple]:

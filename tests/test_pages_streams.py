@@ -23,10 +23,10 @@ from spark_backend import analysis
 from spark_backend.analysis import stalls, systems
 from spark_backend.analysis.display import clock
 from spark_backend.cache.store import Cache
-from spark_backend.demo.world import MUTABLE_KEY_RANGE, build_world
+from spark_backend.demo.world import MUTABLE_KEY_RANGE
 from spark_backend.formats import cockroachdb, recording
 from spark_backend.model import records
-from tests.support.demo_cache import DEMO_SCALE, DEMO_SEED, land_world
+from tests.support.demo_cache import DEMO_SCALE, DEMO_SEED, demo_world
 
 MetricDirection = Metric.MetricDirection
 MAIN = str(Path(__file__).resolve().parent.parent / "app" / "main.py")
@@ -66,11 +66,11 @@ def _land_untimed(cache: Cache, stream: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def cache_path(tmp_path_factory) -> str:
-    path = str(tmp_path_factory.mktemp("pages") / "streams.duckdb")
+def cache_path(tmp_path_factory, landed_caches) -> str:
+    path = landed_caches.copy(tmp_path_factory.mktemp("pages") / "streams.duckdb", DEMO_SEED,
+                              DEMO_SCALE)
     with Cache(path) as cache:
-        land_world(cache, build_world(DEMO_SEED, DEMO_SCALE))
-        _land_mutable(cache, build_world(DEMO_SEED, 0.3, MUTABLE_KEY_RANGE), MUTABLE)
+        _land_mutable(cache, demo_world(DEMO_SEED, 0.3, MUTABLE_KEY_RANGE), MUTABLE)
         _land_untimed(cache, UNTIMED)
         untimed = cache.con.execute(
             "SELECT count(*), count(commit_timestamp) FROM data_change_records WHERE stream = ?",

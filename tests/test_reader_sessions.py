@@ -12,20 +12,20 @@ os.environ["SPANNER_DISABLE_BUILTIN_METRICS"] = "true"
 import pytest
 
 from spark_backend.demo.server import DemoServer
-from spark_backend.demo.world import build_world
 from spark_backend.jobs.pull_plan import Plan
 from spark_backend.model.records import to_arrow_batch
 from spark_backend.spanner.connect import SpannerTarget, open_database
 from spark_backend.spanner.reader import read_partition_rows
 from spark_backend.spanner.workflow import read_partitions
 from spark_backend.spark.packing import packed, packed_rows
+from tests.support.demo_cache import demo_world
 
 HEARTBEAT_MS = 10_000
 
 
 @pytest.fixture(scope="module")
 def world():
-    return build_world(7)
+    return demo_world(7)
 
 
 def _roots(db, world) -> list[tuple[str, int]]:

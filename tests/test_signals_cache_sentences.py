@@ -16,9 +16,7 @@ import duckdb
 import pytest
 
 from spark_backend.cache.store import Cache, cache_failure
-from spark_backend.demo.world import build_world
 from spark_backend.jobs import pull
-from tests.support.demo_cache import land_world
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -30,12 +28,9 @@ def cli(*argv: str, **kwargs) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture(scope="module")
-def landed(tmp_path_factory) -> Path:
+def landed(tmp_path_factory, landed_caches) -> Path:
     """A cache holding a small demo world, landed without Spark."""
-    path = tmp_path_factory.mktemp("landed") / "c.duckdb"
-    with Cache(path) as cache:
-        land_world(cache, build_world(scale=0.2))
-    return path
+    return Path(landed_caches.copy(tmp_path_factory.mktemp("landed") / "c.duckdb", 7, 0.2))
 
 
 @pytest.fixture

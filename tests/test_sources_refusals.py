@@ -18,9 +18,7 @@ from streamlit.testing.v1 import AppTest
 
 from app import import_roots
 from spark_backend.cache.store import Cache
-from spark_backend.demo.world import build_world
 from spark_backend.model.errors import BadInput
-from tests.support.demo_cache import land_world
 
 ROOT = Path(__file__).resolve().parent.parent
 MAIN = str(ROOT / "app" / "main.py")
@@ -30,11 +28,8 @@ TABLES = ("streams", "pulls", "data_change_records", "mods", "heartbeats", "quar
 
 
 @pytest.fixture(scope="module")
-def cache(tmp_path_factory) -> str:
-    path = tmp_path_factory.mktemp("src") / "cache.duckdb"
-    with Cache(path) as c:
-        land_world(c, build_world(7, 0.1))
-    return str(path)
+def cache(tmp_path_factory, landed_caches) -> str:
+    return landed_caches.copy(tmp_path_factory.mktemp("src") / "cache.duckdb", 7, 0.1)
 
 
 @pytest.fixture
@@ -243,13 +238,13 @@ def test_a_typed_cache_path_opens_only_in_the_start_up_cache_folder(tmp_path, mo
         str(Path.home().resolve() / ".cache" / "changestream-inspector" / "b.duckdb"), None)
 
 
-def test_the_sidebar_refuses_a_cache_path_outside_and_creates_nothing(tmp_path, monkeypatch):
+def test_the_sidebar_refuses_a_cache_path_outside_and_creates_nothing(tmp_path, monkeypatch,
+                                                                      landed_caches):
     caches, elsewhere = tmp_path / "caches", tmp_path / "elsewhere"
     caches.mkdir()
     elsewhere.mkdir()
     start = caches / "main.duckdb"
-    with Cache(start) as c:
-        land_world(c, build_world(7, 0.1))
+    landed_caches.copy(start, 7, 0.1)
     monkeypatch.setenv("CSI_CACHE", str(start))
     at = AppTest.from_file(MAIN, default_timeout=120)
     at.run()
