@@ -413,6 +413,7 @@ def _single_record_transactions(tmp_path, memory_limit: str, records: int):
     return cache, pull_id
 
 
+@pytest.mark.slow  # integration-heavy: lands and summarizes 60,000 transactions three times
 def test_a_pulls_summary_gets_more_memory_than_its_landings_when_duckdb_refuses_it(
         tmp_path, monkeypatch):
     """A pull lands in ``PULL_MEMORY_LIMIT``; its transaction summary needs more when its
