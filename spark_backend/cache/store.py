@@ -30,13 +30,12 @@ from spark_backend.model.errors import BadInput, CacheError
 # meta key -> the first pull whose landed records the ``transactions`` summary does not hold yet
 _UNSUMMARIZED = "transactions_unsummarized:"
 # records per statement when the summary is rebuilt: its list aggregates hold their groups in
-# memory (a whole 1M-record pull in one statement ran out of a 192MB DuckDB; 135k did not)
+# memory, so a whole large pull in one statement would not fit a pull's DuckDB memory
 _SUMMARY_SLICE_RECORDS = 100_000
 # the pull's records per slice when what changed since an early summary is found
 # (``Cache._summarize``: per slice, the ids of the transactions it touched, the records' count
-# per id and the summary's rows joined). A 1M-record pull's 458k transactions at once ran out
-# of 64MB; in slices of 400k records they fit 64MB and not 48MB, in slices of 200k 48MB too
-# (the end of that pull after an early summary: 5.1-6.0 s, 2.8-4.4 s in slices of 400k)
+# per id and the summary's rows joined): at this size a 1M-record pull's slices fit the pull's
+# 64MB with room to spare (48MB too), for a few seconds more than larger ones (benchmarks/MEMORY.md)
 _CHANGED_SLICE_RECORDS = 200_000
 
 _STREAM_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]{0,127}$")
@@ -725,9 +724,9 @@ class Cache:
         """Bring the ``transactions`` summary up to date with the records that pulls landed
         without it (``defer_transactions``); in the caller's transaction.
 
-        A pull's landings leave the summary alone: folding each landing into it was half of a
-        1M-record pull's landing time (each landing updated the transactions seen in earlier
-        ones, and the commit rewrote them). The pull's end (any status) rebuilds the touched
+        A pull's landings leave the summary alone: folding each landing into it would update
+        the transactions seen in earlier ones again and again (the commit rewriting them each
+        time). The pull's end (any status) rebuilds the touched
         transactions once, from all their records; a run killed before that leaves the mark,
         and the next read-write open rebuilds them. After ``summarize_landed`` only those
         whose records changed since are rebuilt.

@@ -173,8 +173,7 @@ def postgresql_row_type(stream: str) -> Any:
 # --------------------------------------------------------------------------- value encoding
 
 
-# One encoder for every value (``json.dumps`` with options builds one per call): the demo
-# world's records into values in 1.00-1.07 s instead of 1.20-1.26.
+# One encoder for every value: ``json.dumps`` with options builds one per call.
 _JSON = json.JSONEncoder(sort_keys=True, separators=(",", ":"))
 
 
@@ -256,8 +255,7 @@ def _to_pb_value(v: Any) -> Any:
 
 def _fill_pb_value(out: Any, v: Any) -> None:
     """``v`` (str, bool, None or nested lists of them) into the protobuf ``Value`` ``out``,
-    element by element (through ``ListValue.extend`` the demo world's values took 1.05-1.11 s,
-    this way 0.59-0.60)."""
+    element by element (faster than ``ListValue.extend``)."""
     if isinstance(v, str):
         out.string_value = v
     elif isinstance(v, list):
@@ -418,10 +416,9 @@ class _Pace:
     """The times a query's responses are due: one every ``delay`` seconds, as from a source
     that produces them at a steady rate. The wait before a response counts from when the one
     before was due, not from when it went out, so the server's own work per response and the
-    sleep's overshoot do not add up over a long partition (they added ~1.1 ms to each 20-ms
-    response on average, ~5% of the 1M-record benchmark world's longest chain). A reader that
-    fell behind by more than a response's time gets one response at once and the pace then
-    counts from there: the k-th response never goes out before start + k * ``delay``.
+    sleep's overshoot do not add up over a long partition (benchmarks/MEMORY.md). A reader
+    that fell behind by more than a response's time gets one response at once and the pace
+    then counts from there: the k-th response never goes out before start + k * ``delay``.
     ``clock`` and ``sleep`` are ``time``'s unless given (tests)."""
 
     def __init__(self, delay: float, clock=time.monotonic, sleep=time.sleep):

@@ -209,11 +209,9 @@ class _Lander:
 
     The driver never waits for a landing while the results not landed yet are fewer than
     ``max_rows``: results that arrive during a landing wait for their own, one task's
-    results per transaction (a first version that landed together what had waited ran
-    DuckDB out of the 192MB it then had in a 1M-record pull at 2 ms). A driver that waited
-    for each landing left the task slots it freed meanwhile empty (in a 1M-record pull the
-    landings once took ~75% of the time, before the transaction summary moved to the pull's
-    end).
+    results per transaction (landing together what had waited could need more than the
+    pull's DuckDB memory). The driver does not wait for each landing, which would leave the
+    task slots it freed meanwhile empty.
 
     While nothing waits to land and the driver reports a task slot idle for
     ``EARLY_SUMMARY_IDLE_S`` (``slot_idle``), it brings the transaction summary up to date with
@@ -340,8 +338,8 @@ def _cache_failed(cache: Cache, error: Exception, doing: str) -> str:
 
 def _give_back_memory() -> None:
     """Return the heap's free pages to the system (glibc): a landing's Arrow batches and
-    DuckDB's staging tables leave ~10-25 MB of free heap each, which glibc otherwise keeps
-    (170 MB of the driver's memory in a 1M-record pull)."""
+    DuckDB's staging tables leave free heap behind, which glibc otherwise keeps for the
+    process (benchmarks/MEMORY.md)."""
     import ctypes
 
     try:

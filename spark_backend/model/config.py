@@ -20,32 +20,21 @@ DEFAULT_CACHE = Path.home() / ".cache" / "changestream-inspector" / "cache.duckd
 MEMORY_ENVVAR = "CSI_DUCKDB_MEMORY"
 DEFAULT_MEMORY_LIMIT = "1GB"  # DuckDB's cap for the cache; larger work spills to disk
 # ... in a process that only pulls or imports (the CLI, the benchmark): landing reads back
-# little of what it wrote, and a buffer pool grown to 1 GB was a third of a 1M-record pull's
-# memory; 384MB -> 192MB: replaying a 1M-record pull's landings, peak RSS 813 -> 645 MB for 6%
-# more landing time; the pull's peak PSS 2,129 -> 1,990 MB (it spills to the cache's temporary
-# folder). 192MB -> 128MB: the 1M-record / 20 ms benchmark (3 pulls each, back to back) 151.0
-# -> 150.0 s, peak PSS 1,419 -> 1,334 MB (driver 563 -> 496); at 100k 1,142 -> 1,127 MB: a
-# 100k pull's landings never filled 192MB, a 1M pull's did. 128MB -> 64MB for a pull (an
-# import keeps 128MB: it lands all of its files in one transaction): a 1M-record
-# pull's landings filled 128MB and a 100k one's did not; at 64MB, one pull per process against
-# the benchmark's world servers at 20 ms, 1M peak PSS 1,073, 1,070 -> 1,007, 1,006 MB (the
-# driver 361, 353 -> 296, 297), 100k 993 -> 940, 938 (327 -> 275, 271), in the same times;
-# three 1M pulls per process (twice each): peak 1,096 -> 1,040, 1,025 MB, the median of the six
-# pulls 139.8 -> 142.8 s (within the spread of either). The pull's summary gets more when
-# DuckDB refuses it 64MB (``Cache._summarize_in_room``). Both give way to $CSI_DUCKDB_MEMORY
-# (a cap then, never raised).
+# little of what it wrote, so a small buffer pool lowers a pull's peak memory at the same speed
+# (the rest spills to the cache's temporary folder). An import keeps 128MB: it lands all of its
+# files in one transaction. A pull's transaction summary gets more when DuckDB refuses it 64MB
+# (``Cache._summarize_in_room``). $CSI_DUCKDB_MEMORY overrides both (a cap, never raised).
+# Measurements: benchmarks/MEMORY.md ("Figures the code's comments held").
 PULL_MEMORY_LIMIT = "64MB"
 IMPORT_MEMORY_LIMIT = "128MB"
 THREADS_ENVVAR = "CSI_DUCKDB_THREADS"
-# ... and DuckDB's threads there: the Spark workers read on the machine's cores meanwhile. One
-# thread on 2 cores, replaying a 1M-record pull's landings: 37.0 -> 33.3 s and peak RSS 508 ->
-# 464 MB; its transaction summary at the end 8.1-8.4 -> 8.7 s. A quarter of the cores
-# elsewhere (not measured beyond 2 cores); $CSI_DUCKDB_THREADS sets it.
+# ... and DuckDB's threads there: the Spark workers read on the machine's cores meanwhile, and
+# fewer DuckDB threads land faster in less memory on 2 cores (benchmarks/MEMORY.md). A quarter
+# of the cores, at least one; $CSI_DUCKDB_THREADS sets it.
 PULL_THREADS = max(1, (os.cpu_count() or 1) // 4)
 # ... and DuckDB's allocator (jemalloc) there gives back what a landing freed: after each
-# statement that allocated more than 8 MB, and on a background thread. A 1M-record / 20 ms
-# pull's median PSS 1,016-1,020 -> 979-985 MB, a 100k one's 954-961 -> 934-937 (two pulls
-# each, alternating); their peaks did not move (1,067-1,073 / 993-996), nor their time.
+# statement that allocated more than 8 MB, and on a background thread. It lowers a pull's
+# typical memory, not its peak or time (benchmarks/MEMORY.md, "The allocator change").
 PULL_ALLOCATOR = {"allocator_flush_threshold": "8MB", "allocator_background_threads": True}
 
 # Arrow's allocator (mimalloc) keeps the pages it freed for a second before it gives them back,

@@ -186,9 +186,8 @@ def open_database(target: SpannerTarget) -> Any:
 # from it; when the reads fall behind what the server sends (the process's CPU is the limit, as
 # in the first minute of a large pull), each open stream then holds what arrived ahead of its
 # reader, up to that window, in the process's native memory. Without the probe each stream
-# keeps gRPC's 64 KB window: the server waits for the reader instead. One process reading the
-# 1M-record benchmark world, 64 partitions at once for 20 s, peaked at median 265 MB with the
-# probe and 186 MB without it, reading as many rows (``benchmarks/read_window.py``).
+# keeps gRPC's 64 KB window: the server waits for the reader instead, at the same read rate
+# (``benchmarks/read_window.py``; figures in benchmarks/RESULTS.md).
 READ_CHANNEL_OPTIONS = (("grpc.http2.bdp_probe", 0),
                         ("grpc.max_send_message_length", -1),
                         ("grpc.max_receive_message_length", -1))

@@ -20,14 +20,14 @@ RECORD_KINDS = ("data_change", "heartbeat", "child_partitions")
 # The columns whose values repeat from record to record within a task's batch: a partition's
 # token and a table's column types (JSON) on every record of them, a
 # transaction's tag and sequence numbers on each of its records, a few names. Dictionary-encoded,
-# each distinct value travels once: 8,192 demo records hold 3.3 MB of Arrow encoded, 8.0 MB
-# plain (``benchmarks/packed_results.py``).
+# each distinct value travels once, in less than half the bytes (``benchmarks/packed_results.py``;
+# figures in benchmarks/RESULTS.md).
 # DuckDB reads the encoded columns as their values; ``pyarrow.compute`` and ``to_pylist`` too.
 DICTIONARY_COLUMNS = ("partition_token", "record_sequence", "table_name", "value_capture_type",
                       "column_types", "mod_type", "transaction_tag")
-# zstd at level 1: the same records packed encoded into 0.43 MB, 0.81 MB with LZ4 (1.07 MB
-# plain with LZ4, as before), packing in 6.9 ms against 6.0 plain; Spark's JVM holds the packed
-# bytes of the tasks it has not handed over yet, and the driver those it has not landed yet.
+# zstd at level 1: about half LZ4's bytes for a little more packing time; Spark's JVM holds the
+# packed bytes of the tasks it has not handed over yet, and the driver those it has not landed
+# yet (figures in benchmarks/RESULTS.md).
 PACKED_CODEC = ("zstd", 1)
 
 

@@ -452,19 +452,14 @@ def _classic_conf(master: str, address: str | None):
         .set("spark.sql.execution.arrow.pyspark.enabled", "true")
         # The driver's JVM holds little (tasks' results on their way to Python; Spark asks for
         # a 450 MB heap at least): a heap that starts small (not 1/64 of the machine's memory)
-        # and gives back what it does not need, a young generation of 32 MB (it grew to
-        # 115 MB, all of it touched), a small code cache, and the C heap's free pages
-        # returned every second (a JDK 17 older than 17.0.9 ignores that option): in a
-        # 1M-record pull the JVM's peak PSS 810 -> 723-743 MB (trim); the young generation
-        # took it 749 -> 607 MB in a trace sampled every 3 s (680-700 MB in the benchmark).
-        # Only the quick compiler (C1, ``TieredStopAtLevel=1``): the JVM moves opaque packed
-        # bytes and schedules tasks, its code is not what a pull waits for, and without the
-        # optimising compiler it is smaller (JVM PSS, median through a 1M-record pull at
-        # 20 ms: 380 -> 353 MB, two runs each; 100k: 336 -> 325; same pull times). It compiles
-        # a method after 10x its usual calls (``CompileThresholdScaling=10``): methods called
-        # once per task or job otherwise kept reaching its thresholds, and the compiled code
-        # grew with the work a process had done (thirty 100k pulls in one process: 17 -> 26 MB
-        # against 7 -> 12; benchmarks/MEMORY.md).
+        # and gives back what it does not need, a 32 MB young generation, a small code cache,
+        # and the C heap's free pages returned every second (a JDK 17 older than 17.0.9 ignores
+        # that option). Only the quick compiler (C1, ``TieredStopAtLevel=1``): the JVM moves
+        # opaque packed bytes and schedules tasks, its code is not what a pull waits for, and
+        # it is smaller without the optimising one. It compiles a method after 10x its usual
+        # calls (``CompileThresholdScaling=10``), so methods called once per task or job do not
+        # grow the compiled code with the work a process has done. Measurements:
+        # benchmarks/RESULTS.md ("the driver's JVM starts with") and benchmarks/MEMORY.md.
         .set("spark.driver.memory", os.environ.get("CSI_SPARK_DRIVER_MEMORY", "512m"))
         .set("spark.driver.extraJavaOptions", f"{java_options} {_crash_file()}".strip())
         .set("spark.executor.memory", "1g")
@@ -474,9 +469,9 @@ def _classic_conf(master: str, address: str | None):
         .set("spark.task.maxDirectResultSize", "16m")
         # What Spark keeps of finished jobs, stages and SQL executions for its UI and status
         # tracker (kept with the UI off too), by default 1,000 of each: a long-lived process
-        # (the dashboard, whose live views pull every few seconds) grew its JVM's live heap
-        # with every job until then (~23 KB per job kept; benchmarks/MEMORY.md). A pull looks
-        # at none of it.
+        # (the dashboard, whose live views pull every few seconds) would grow its JVM's live
+        # heap with every job up to that (~23 KB per job kept; benchmarks/MEMORY.md). A pull
+        # looks at none of it.
         .set("spark.ui.retainedJobs", "100")
         .set("spark.ui.retainedStages", "100")
         .set("spark.sql.ui.retainedExecutions", "100")
