@@ -122,8 +122,9 @@ def _threads(default: int | None) -> int | None:
 def _connect(path: Path, read_only: bool, memory_limit: str, threads: int | None = None,
              allocator: dict[str, Any] | None = None) -> duckdb.DuckDBPyConnection:
     # A pull commits once per task's results: checkpointing at every commit (DuckDB's default
-    # past 16 MB of WAL) was a third of the landing time; until a checkpoint, what was written
-    # stays in memory too (256 MB of WAL held ~300 MB). The WAL is replayed after a crash.
+    # past 16 MB of WAL) would cost a large share of the landing time, and until a checkpoint
+    # what was written stays in memory too, so 64 MB bounds both. The WAL is replayed after a
+    # crash (benchmarks/MEMORY.md).
     config = {**LOCKED_DOWN, "memory_limit": memory_limit, "checkpoint_threshold": "64MB"}
     if threads is not None:
         config["threads"] = threads

@@ -261,9 +261,9 @@ class ChangeFilesDataSourceReader(DataSourceReader):
 def change_files_frame(spark, options: dict):
     """The rows the ``change_files`` source gives for ``options``, read by ``mapInArrow`` over
     one row per file instead: the same reader, tasks and rows, without Spark's Python
-    data-source planning (``change_stream_frame`` says what that costs). A first import in a
-    new local session took 16.8 s for eight small files through the source, 1.3 s the second
-    time; the options are checked here, on the driver, as the source checks them."""
+    data-source planning (``change_stream_frame`` says what that costs; it weighs most on the
+    first import of a new session, benchmarks/RESULTS.md "File imports"). The options are
+    checked here, on the driver, as the source checks them."""
     reader = ChangeFilesDataSourceReader(options)
     parts = reader.partitions()
 
