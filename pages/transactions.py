@@ -36,9 +36,11 @@ f = queries.TxnFilter(table=None if table == "(all)" else table,
 done = resources.completeness(c.path, c.version, c.stream, f)
 m = st.columns(4)
 m[0].metric("Transactions", count(done["transactions"]),
-            f"{count(done['multi_partition'])} across partitions", delta_color="off")
+            f"{count(done['multi_partition'])} across partitions", delta_color="off",
+            delta_arrow="off")
 m[1].metric("Complete", count(done["complete"]),
-            f"{count(done['transactions'] - done['complete'])} incomplete", delta_color="off")
+            f"{count(done['transactions'] - done['complete'])} incomplete", delta_color="off",
+            delta_arrow="off")
 m[2].metric("Records seen / expected",
             f"{count(done['records_seen'])} / {count(done['records_expected'])}")
 m[3].metric("Transaction × partition pairs seen / expected",
@@ -54,26 +56,31 @@ if txid != (opened or ""):
     state.open_transaction(txid or None)
     opened = txid or None
 
-if opened:
-    recs = resources.transaction_records(c.path, c.version, c.stream, opened)
+wide = partitions_transactions.widest_cached(c.path, c.version, c.stream, f)
+# With none opened, the widest one is drawn: a person sees a transaction across its
+# partitions at once (the URL keeps no ``txn`` until one is chosen).
+shown = opened or (str(wide["txid"][0]) if len(wide) else None)
+if shown:
+    recs = resources.transaction_records(c.path, c.version, c.stream, shown)
     if recs.empty:
-        st.error(md(f"No transaction {opened!r} in {c.stream}; choose one in the table below "
+        st.error(md(f"No transaction {shown!r} in {c.stream}; choose one in the table below "
                     "or paste an id from the Records page."))
     else:
-        st.subheader(f"Transaction {md(opened)}")
+        st.subheader(f"Transaction {md(shown)}" if opened else
+                     f"The widest transaction, {md(shown)}")
         st.caption(f"{recs['record_sequence'].nunique()} records in "
                    f"{recs['partition'].nunique()} partitions, committed "
                    f"{timestamp(recs['commit_ns'].min())}; in order of "
-                   "(commit_timestamp, record_sequence).")
+                   "(commit_timestamp, record_sequence)."
+                   + ("" if opened else " Select another in the table below."))
         st.dataframe(recs.assign(commit_timestamp=ns_column(recs["commit_ns"]))
                      .drop(columns=["commit_ns"]), hide_index=True, width="stretch")
-        st.plotly_chart(partitions_transactions.lanes_figure(recs, opened), key="txn_lanes")
+        st.plotly_chart(partitions_transactions.lanes_figure(recs, shown), key="txn_lanes")
         st.markdown("**Old and new values side by side**")
         st.dataframe(queries.side_by_side(recs), hide_index=True, width="stretch")
 
 
 st.subheader(f"The {partitions_transactions.WIDEST} widest transactions")
-wide = partitions_transactions.widest_cached(c.path, c.version, c.stream, f)
 event = st.dataframe(partitions_transactions.widest_display(wide), hide_index=True,
                      width="stretch", key=f"tx_widest_{opened}", on_select="rerun",
                      selection_mode="single-row")
@@ -84,9 +91,10 @@ if rows and rows[0] < len(wide) and wide["txid"][rows[0]] != opened:
     state.open_transaction(str(wide["txid"][rows[0]]))
     st.rerun()
 
-# Every transaction as a dot is a wall at thousands; it waits behind the table above.
-with st.expander(f"Timeline: every transaction ({count(done['transactions'])}) by partition "
-                 "lane", expanded=False):
+# Every transaction as a dot is a wall at thousands; it waits behind the table above, and is
+# neither queried nor drawn until asked for (a collapsed expander would still do both).
+if st.toggle(f"Timeline: every transaction ({count(done['transactions'])}) by partition lane",
+             key="tx_timeline"):
     opened_recs = (resources.transaction_records(c.path, c.version, c.stream, opened)
                    if opened else None)
     nodes = dag_layout.layout(resources.partitions(c.path, c.version, c.stream, c.stall_s))

@@ -422,6 +422,8 @@ def test_transactions_draw_the_window_of_the_opened_one(demo_cache, world):
             "WHERE stream = 'DemoStream' AND len(partitions) > 1 "
             "ORDER BY commit_timestamp DESC LIMIT 1 OFFSET 100").fetchone()
     at = app(demo_cache, "transactions", txn=txid)
+    at.toggle(key="tx_timeline").set_value(True).run()  # the timeline waits for its toggle
+    assert not at.exception, [e.value for e in at.exception]
     said = texts(at)
     assert f"{len(world.transactions):,} transactions in the range" in said
     assert "drawn one by one" in said

@@ -64,9 +64,16 @@ def test_the_page_leads_with_the_widest_table_and_names_its_counts(demo_cache, w
     labels = [m.label for m in at.metric]
     assert "Transaction × partition pairs seen / expected" in labels
     assert not any(label == "Partitions seen / expected" for label in labels)
+    # The timeline waits for the toggle: nothing of it is queried or drawn before.
+    def heatmaps() -> list[dict]:
+        specs = [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
+        return [sp for sp in specs if any(t.get("type") == "heatmap" for t in sp["data"])]
+
+    assert heatmaps() == []
+    at.toggle(key="tx_timeline").set_value(True).run()
+    assert not at.exception, [e.value for e in at.exception]
     # The density (more transactions than drawn one by one) names its lanes.
-    heat = next(json.loads(c.proto.spec) for c in at.get("plotly_chart")
-                if '"heatmap"' in c.proto.spec)
+    (heat,) = heatmaps()
     ticks = heat["layout"]["yaxis"]["ticktext"]
     tokens = {p.token for p in world.partitions}
     assert ticks and all(any(t.startswith(short(tok, 8).rstrip("…")) for tok in tokens)
@@ -83,3 +90,16 @@ def test_an_opened_transaction_is_drawn_on_labelled_partition_lanes(demo_cache, 
     lanes = spec["layout"]["yaxis"]["categoryarray"]
     assert len(lanes) == len(info.partitions)
     assert {lane.split(" (")[0] for lane in lanes} == {short(p, 10) for p in info.partitions}
+
+
+def test_with_none_opened_the_widest_is_drawn(demo_cache, world):
+    at = app(demo_cache)
+    with Cache(demo_cache) as cache:
+        first = str(partitions_transactions.widest(cache.con, "DemoStream", TxnFilter())
+                    ["txid"][0])
+    assert any(h.value.endswith(first) and h.value.startswith("The widest transaction")
+               for h in at.subheader), [h.value for h in at.subheader]
+    spec = next(json.loads(c.proto.spec) for c in at.get("plotly_chart")
+                if "its records across" in c.proto.spec)
+    assert len(spec["data"][0]["x"]) == world.transactions[first].num_records
+    assert "txn" not in at.query_params  # shown, not chosen: the URL keeps no transaction
