@@ -26,6 +26,7 @@ EDGE_COLOUR = {"split": "#1a73e8", "merge": "#9334e6", "move": "#5f6368",
                KEY_RANGE_MOVE: "#e37400"}
 HIGHLIGHT = "#fbbc04"
 _LEGEND = dict(orientation="h", yanchor="bottom", y=1.02, xanchor="left", x=0)
+_HALO = ", ".join(f"{x}px {y}px 2px white" for x in (-1, 1) for y in (-1, 1))
 MAX_LABELS = 30
 # Up to this many partitions every bar is its own SVG bar (hover, click to select); above it the
 # bars of a status are one SVG path (a thick line per partition, None-separated), which plotly
@@ -136,7 +137,9 @@ def dag_figure(nodes: pd.DataFrame, segments: pd.DataFrame, highlight: Sequence[
         fig.add_trace(go.Scatter(
             x=_dt(labelled["x1_ns"]), y=labelled["lane"], mode="text", showlegend=False,
             text=[f" {html(short(t, 10))} ({html(notes[t])})" for t in labelled["token"]],
-            textposition="middle left", textfont=dict(color="#d93025", size=12),
+            # Drawn over the bar's own colour: a white halo keeps the name readable on it.
+            textposition="middle left",
+            textfont=dict(color="#a50e0e", size=12, weight="bold", shadow=_HALO),
             hoverinfo="skip", cliponaxis=False))
     # The axis spans the data: names end at their bar's end, inside it (no padding past the
     # last time the data holds).
