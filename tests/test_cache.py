@@ -602,7 +602,9 @@ def _identity(row: dict) -> tuple:
             row.get("record_sequence") if row["kind"] == "data_change" else None)
 
 
-@pytest.mark.parametrize("seed", range(6))
+# One seed in the fast tier; the other five (~5 s CPU each) in the full suite.
+@pytest.mark.parametrize(
+    "seed", [0, *(pytest.param(s, marks=pytest.mark.slow) for s in range(1, 6))])
 def test_no_record_is_stored_twice_or_lost_when_partitions_are_read_again(tmp_path, seed):
     # The duplicate check looks up only the records that may be cached (a partition's time
     # at or before its watermark, an ended partition, another identity); the records stored

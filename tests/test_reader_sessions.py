@@ -60,6 +60,7 @@ def _budget_rounds(world, db, **kw) -> tuple[list[dict], int]:
     return rows, rounds
 
 
+@pytest.mark.slow  # integration-heavy: full-world reads from the demo server, ~11 s CPU
 def test_partition_reads_reuse_sessions_one_per_read_in_progress(world):
     with DemoServer(world) as server:
         db = open_database(SpannerTarget("p", "i", "d", "googlesql", server.address))
@@ -74,6 +75,7 @@ def test_partition_reads_reuse_sessions_one_per_read_in_progress(world):
     assert len(live) == counters["sessions_created"]  # none deleted, none lost: all idle
 
 
+@pytest.mark.slow  # integration-heavy: full-world reads from the demo server, ~11 s CPU
 def test_reads_stopped_by_a_budget_give_their_sessions_back_and_continue(world):
     """Closed at the stop, a read gives its session back."""
     with DemoServer(world, latency_ms=1.0) as server:
