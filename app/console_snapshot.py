@@ -23,10 +23,7 @@ import atexit
 import contextlib
 import hashlib
 import itertools
-import os
-import re
 import shutil
-import tempfile
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -34,12 +31,13 @@ from pathlib import Path
 
 import duckdb
 
+from app import private_temp
+
 FOLDER_PREFIX = "csi-console-"
 BATCH_ROWS = 65_536
 # The copy runs in the dashboard's process: a modest budget of its own (it streams batches).
 BUILD_CONFIG = {"threads": 1, "memory_limit": "256MB", "enable_external_access": False,
                 "autoinstall_known_extensions": False, "autoload_known_extensions": False}
-_FOLDER_NAME = re.compile(rf"^{FOLDER_PREFIX}(\d+)-")
 
 
 @dataclass
@@ -105,8 +103,7 @@ def folder() -> Path:
     global _folder
     with _lock:
         if _folder is None:
-            _remove_orphans()
-            _folder = Path(tempfile.mkdtemp(prefix=f"{FOLDER_PREFIX}{os.getpid()}-"))
+            _folder = private_temp.make(FOLDER_PREFIX)
             atexit.register(shutil.rmtree, _folder, True)
         return _folder
 
@@ -190,21 +187,3 @@ def _unlink(path: Path) -> None:
     for p in (path, path.with_name(path.name + ".wal")):
         with contextlib.suppress(FileNotFoundError):
             p.unlink()
-
-
-def _remove_orphans() -> None:
-    """Snapshot folders whose process is gone (killed before its exit handler ran)."""
-    for entry in Path(tempfile.gettempdir()).glob(f"{FOLDER_PREFIX}*"):
-        found = _FOLDER_NAME.match(entry.name)
-        if found and entry.is_dir() and not _alive(int(found.group(1))):
-            shutil.rmtree(entry, ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

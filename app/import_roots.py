@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import atexit
 import os
-import re
 import shutil
-import tempfile
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Protocol
 
+from app import private_temp
 from spark_backend.jobs.files import scan_paths
 from spark_backend.model.config import CACHE_ENVVAR, DEFAULT_CACHE
 from spark_backend.model.errors import BadInput, InspectorError
@@ -30,7 +29,6 @@ from spark_backend.model.errors import BadInput, InspectorError
 IMPORT_ROOT_ENVVAR = "CSI_IMPORT_ROOT"
 _CHUNK = 1 << 20  # bytes copied at a time from an upload to its temporary file
 UPLOAD_PREFIX = "csi-upload-"  # + pid + "-": a folder of uploads being imported
-_UPLOAD_NAME = re.compile(rf"{UPLOAD_PREFIX}(\d+)-")
 _LIVE: set[Path] = set()  # this process's upload folders in use
 
 
@@ -119,8 +117,7 @@ def uploads_on_disk(uploads: Iterable[Upload]) -> Iterator[list[str]]:
     if not uploads:
         yield []
         return
-    _remove_orphans()
-    folder = Path(tempfile.mkdtemp(prefix=f"{UPLOAD_PREFIX}{os.getpid()}-"))
+    folder = private_temp.make(UPLOAD_PREFIX)
     _LIVE.add(folder)
     try:
         paths = []
@@ -149,24 +146,6 @@ def _remove_live() -> None:
 
 
 atexit.register(_remove_live)
-
-
-def _remove_orphans() -> None:
-    """Upload folders whose process is gone (killed before its exit handler ran)."""
-    for entry in Path(tempfile.gettempdir()).glob(f"{UPLOAD_PREFIX}*"):
-        found = _UPLOAD_NAME.match(entry.name)
-        if found and entry.is_dir() and not _alive(int(found.group(1))):
-            shutil.rmtree(entry, ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
-    return True
 
 
 def _copy(source: Upload, out: IO[bytes]) -> None:
