@@ -446,6 +446,8 @@ class Cache:
         if row is not None and int(row[0]) < 2:
             self._migrate_to_2()
             return
+        columns = "SELECT count(*) FROM duckdb_columns() WHERE database_name = current_database()"
+        before = self.con.execute(columns).fetchone()[0]
         for stmt in DDL:
             self.con.execute(stmt)
         self.con.execute(
@@ -453,6 +455,12 @@ class Cache:
             "ON CONFLICT DO NOTHING",
             [str(SCHEMA_VERSION)],
         )
+        if self.con.execute(columns).fetchone()[0] != before:
+            # DuckDB cannot replay a WAL that adds a column to a table with a DEFAULT
+            # current_timestamp ("no default database set"): a process killed before its
+            # first checkpoint left a cache nobody could open. The new catalog goes to the
+            # file at once.
+            self.con.execute("CHECKPOINT")
 
     def _migrate_to_2(self) -> None:
         """Schema 1 -> 2, in one transaction (a crash leaves schema 1, migrated again at the
