@@ -61,6 +61,9 @@ class SpannerTarget:
         return f"projects/{self.project}/instances/{self.instance}/databases/{self.database}"
 
 
+_env_lock = threading.Lock()
+
+
 def make_client(project: str, host: str | None = None) -> Any:
     """A ``spanner.Client``: plain text to ``host`` (or ``$SPANNER_EMULATOR_HOST``) when given,
     else Cloud Spanner with Application Default Credentials."""
@@ -76,15 +79,24 @@ def make_client(project: str, host: str | None = None) -> Any:
     config.quiet_local_client_env()
     from google.auth.credentials import AnonymousCredentials
 
-    # Where $SPANNER_EMULATOR_HOST names another endpoint the client goes there for what it
-    # does itself (a demo's provisioning); a pull's reads and questions use ``read_api`` and
-    # ``admin_api``, which go to ``host``.
-    return spanner.Client(
-        project=project,
-        credentials=AnonymousCredentials(),
-        client_options={"api_endpoint": host},
-        disable_builtin_metrics=True,
-    )
+    # The client prefers $SPANNER_EMULATOR_HOST over api_endpoint for what it does itself (an
+    # emulator's provisioning): where it names another endpoint, point it at ours for the
+    # moment the client is built.
+    with _env_lock:
+        saved = os.environ.get(config.EMULATOR_HOST_ENVVAR)
+        os.environ[config.EMULATOR_HOST_ENVVAR] = host
+        try:
+            return spanner.Client(
+                project=project,
+                credentials=AnonymousCredentials(),
+                client_options={"api_endpoint": host},
+                disable_builtin_metrics=True,
+            )
+        finally:
+            if saved is None:
+                os.environ.pop(config.EMULATOR_HOST_ENVVAR, None)
+            else:
+                os.environ[config.EMULATOR_HOST_ENVVAR] = saved
 
 
 CREDENTIALS_ENVVAR = "GOOGLE_APPLICATION_CREDENTIALS"
