@@ -164,9 +164,8 @@ def _mark_known(con, staged: str, stored: str, match: str, stream: str) -> None:
 # many copies the batch holds (``_DC_GROUPED``). A pull's batches (each partition read once
 # from where it stopped) repeat no key and hold no record that may be stored already: there
 # ``_dc`` keeps only the narrow columns (``_DC_NARROW``) and the records go from the batch
-# to the stored tables as they are (``_DC_AS_THEY_ARE``). Grouping and copying every column
-# filled DuckDB's 64MB and spilled to its temporary files: without it a 1M-record pull's
-# landing thread took 12-17% less CPU by the medians (``benchmarks/MEMORY.md``, "Stop 54").
+# to the stored tables as they are (``_DC_AS_THEY_ARE``): grouping and copying every column
+# would fill a pull's DuckDB memory and spill to temporary files (benchmarks/MEMORY.md).
 _DC_WIDE = """partition_token, ts_ns, record_sequence, server_transaction_id,
     is_last_record_in_transaction_in_partition AS is_last, table_name,
     value_capture_type AS vct, column_types, mods, mod_type,
