@@ -17,8 +17,7 @@ from app.formatting import clock, duration
 from spark_backend import analysis
 from spark_backend.analysis import stalls
 from spark_backend.cache.store import Cache
-from spark_backend.demo.world import build_world
-from tests.support.demo_cache import DEMO_SCALE, DEMO_SEED, land_world
+from tests.support.demo_cache import DEMO_SCALE, DEMO_SEED, demo_world
 
 MAIN = str(Path(__file__).resolve().parent.parent / "app" / "main.py")
 STREAM = "DemoStream"
@@ -26,15 +25,13 @@ STREAM = "DemoStream"
 
 @pytest.fixture(scope="module")
 def world():
-    return build_world(DEMO_SEED, DEMO_SCALE)
+    return demo_world(DEMO_SEED, DEMO_SCALE)
 
 
 @pytest.fixture(scope="module")
-def demo_cache(tmp_path_factory, world) -> str:
-    path = str(tmp_path_factory.mktemp("parts") / "demo.duckdb")
-    with Cache(path) as cache:
-        land_world(cache, world)
-    return path
+def demo_cache(tmp_path_factory, landed_caches) -> str:
+    return landed_caches.copy(tmp_path_factory.mktemp("parts") / "demo.duckdb",
+                              DEMO_SEED, DEMO_SCALE)
 
 
 @pytest.fixture(scope="module")
