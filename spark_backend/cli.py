@@ -143,8 +143,9 @@ class _Progress:
         else:
             text = str(p)
         if self.tty:
-            sys.stderr.write("\r\033[K" + text)
-            sys.stderr.flush()
+            err = _Said.stream or sys.stderr
+            err.write("\r\033[K" + text)
+            err.flush()
             _Progress.drawn = True
         else:
             try:
@@ -155,8 +156,9 @@ class _Progress:
     @staticmethod
     def done() -> None:
         if _Progress.drawn:
-            sys.stderr.write("\r\033[K")
-            sys.stderr.flush()
+            err = _Said.stream or sys.stderr
+            err.write("\r\033[K")
+            err.flush()
             _Progress.drawn = False
 
 
@@ -548,6 +550,7 @@ def _on_signal(signum: int, frame: Any) -> None:
     safe as after a kill, and the next read-write open recovers the rest."""
     if interrupts.requested() is None:
         interrupts.request(signum)
+        _quiet_libraries()
         if interrupts.hold():
             return  # raised when the step that must not be cut in two ends
         raise KeyboardInterrupt
@@ -558,6 +561,16 @@ def _on_signal(signum: int, frame: Any) -> None:
                                     .encode())
     _stop_descendants(grace_s=0.0)
     os._exit(EXIT_SIGNALLED + interrupts.requested())
+
+
+def _quiet_libraries() -> None:
+    """From the stop on, what libraries write to ``sys.stderr`` goes nowhere: the processes
+    the signal also ended drop their connections, and library threads report that (PySpark's
+    accumulator server prints "Exception occurred during processing of request..."), but the
+    user asked for the stop and reads its one sentence (``_say`` writes to the stream the
+    command started with)."""
+    if _Said.stream is not None and sys.stderr is _Said.stream:
+        sys.stderr = open(os.devnull, "w")  # the process ends with it open
 
 
 def _descendants(pid: int) -> list[int]:
@@ -629,7 +642,8 @@ def _keep_signal_handlers() -> None:
 @contextlib.contextmanager
 def _stop_signals() -> Iterator[None]:
     """SIGINT and SIGTERM handled by ``_on_signal`` while a command runs (main thread only;
-    the handlers before are restored after)."""
+    the handlers before are restored after). A signal also quiets ``sys.stderr`` for the rest
+    of the process."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -638,9 +652,13 @@ def _stop_signals() -> Iterator[None]:
     before = {sig: signal.signal(sig, _on_signal) for sig in STOP_SIGNALS}
     _Said.handling = True
     _Said.stderr = os.dup(2)
+    _Said.stream = sys.stderr
     try:
         yield
     finally:
+        # ``sys.stderr`` stays quiet after a stop (``_quiet_libraries``): the process ends,
+        # and library threads may still report what the stop cut off until it does
+        _Said.stream = None
         os.close(_Said.stderr)
         _Said.stderr = None
         _Said.handling = False
@@ -667,6 +685,7 @@ class _Said:
     interrupted = False  # the sentence of a signal is on stderr (said once)
     handling = False  # ``_stop_signals`` installed ``_on_signal`` for this command
     stderr: int | None = None  # a copy of descriptor 2 as the command found it
+    stream: Any = None  # ``sys.stderr`` as the command found it
 
 
 def _interrupted(args) -> int:
@@ -686,15 +705,16 @@ def _say(line: str) -> None:
     """``line`` on the command's standard error as it found it: a library may point
     descriptor 2 elsewhere for a while (Spark's start sends it to Spark's log), and a signal
     can end the command in that while."""
-    sys.stderr.flush()
+    err = _Said.stream or sys.stderr
+    err.flush()
     try:
-        to_fd2 = sys.stderr.fileno() == 2
+        to_fd2 = err.fileno() == 2
     except (AttributeError, OSError, ValueError):  # a test's capture
         to_fd2 = False
     if to_fd2 and _Said.stderr is not None:
         os.write(_Said.stderr, f"{line}\n".encode())
     else:
-        print(line, file=sys.stderr, flush=True)
+        print(line, file=err, flush=True)
 
 
 def _run(args) -> int:

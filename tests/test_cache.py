@@ -113,6 +113,10 @@ def test_memory_setting_is_validated(tmp_path, monkeypatch):
     monkeypatch.setenv("CSI_DUCKDB_MEMORY", "lots")
     with pytest.raises(CacheError, match="is not a size"):
         Cache(tmp_path / "m.duckdb")
+    monkeypatch.setenv("CSI_DUCKDB_MEMORY", "32MB")
+    with pytest.raises(CacheError, match="'32MB' is below 64MB, the least a cache being "):
+        Cache(tmp_path / "m.duckdb")
+    assert not (tmp_path / "m.duckdb").exists()
 
 
 def test_a_pulling_process_caps_duckdb_lower_and_the_environment_overrides(tmp_path, monkeypatch):
@@ -413,7 +417,7 @@ def _single_record_transactions(tmp_path, memory_limit: str, records: int):
     return cache, pull_id
 
 
-@pytest.mark.slow  # integration-heavy: lands and summarizes 60,000 transactions three times
+@pytest.mark.slow  # integration-heavy: lands and summarizes 100,000 transactions three times
 def test_a_pulls_summary_gets_more_memory_than_its_landings_when_duckdb_refuses_it(
         tmp_path, monkeypatch):
     """A pull lands in ``PULL_MEMORY_LIMIT``; its transaction summary needs more when its
@@ -422,10 +426,12 @@ def test_a_pulls_summary_gets_more_memory_than_its_landings_when_duckdb_refuses_
     ``$CSI_DUCKDB_MEMORY`` is a cap: there DuckDB's refusal stands and the mark stays (the
     next open without it summarizes, the same way). A summary at the pull's tail
     (``summarize_landed``) that DuckDB refuses leaves it all to the end."""
-    from spark_backend.model.config import DEFAULT_MEMORY_LIMIT
+    from spark_backend.model.config import DEFAULT_MEMORY_LIMIT, PULL_MEMORY_LIMIT
 
     monkeypatch.delenv("CSI_DUCKDB_MEMORY", raising=False)
-    records, small = 60_000, "32MB"
+    # The summary of 60,000 fits in 64MB, 75,000 no longer (single thread). Landing in less
+    # than 64MB is no option: the checkpoint a commit starts then does not fit.
+    records, small = 100_000, PULL_MEMORY_LIMIT
     cache, pull_id = _single_record_transactions(tmp_path, small, records)
     cache.con.execute("CHECKPOINT")  # as the pull's end does first
     with pytest.raises(duckdb.OutOfMemoryException):  # it does not fit where it landed

@@ -54,7 +54,16 @@ def _memory_limit(default: str = DEFAULT_MEMORY_LIMIT) -> str:
     value = os.environ.get(MEMORY_ENVVAR, default)
     if not re.fullmatch(r"\d+(\.\d+)?\s*(KB|MB|GB|KiB|MiB|GiB)", value, re.IGNORECASE):
         raise CacheError(f"{MEMORY_ENVVAR}={value!r} is not a size; use e.g. 2GB or 512MB.")
+    if MEMORY_ENVVAR in os.environ and _bytes(value) < _bytes(LEAST_MEMORY):
+        # DuckDB keeps a 256 KiB block per column being written, and the checkpoint a commit
+        # starts needs as much again: below this a pull's commit fails and DuckDB closes the
+        # connection for good (FatalException).
+        raise CacheError(f"{MEMORY_ENVVAR}={value!r} is below {LEAST_MEMORY}, the least a "
+                         "cache being written needs; use e.g. 2GB or 512MB.")
     return value
+
+
+LEAST_MEMORY = "64MB"
 
 
 _UNITS = {"kb": 1000, "mb": 1000**2, "gb": 1000**3, "kib": 1024, "mib": 1024**2,
