@@ -459,6 +459,7 @@ def cmd_report(args) -> int:
 
     with _open_for_reading(args.cache) as cache:
         stream = cache.resolve_stream(args.stream)
+        tables = cache.read_every_block()  # a damaged block fails the report, wherever it is
         report = build_report(cache.con, stream, args.stall_after)
         if args.html:
             _write_html(cache, stream, args)
@@ -490,6 +491,7 @@ def cmd_report(args) -> int:
             print(f"anomaly {a['kind']}: partition {a['partition']} at {a['at']}: {a['detail']}")
         if len(report["anomalies"]) > 50:
             print(f"... and {len(report['anomalies']) - 50} more anomalies (use --json)")
+        print(f"cache file: all {tables} tables read back whole, no damaged block")
     if args.fail_on_stall and any(p["stalled"] for p in report["partitions"]):
         return EXIT_STALLED
     return 0

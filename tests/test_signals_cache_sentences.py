@@ -78,14 +78,32 @@ def test_a_cache_missing_a_column_is_named_by_every_command(copy, tmp_path, argv
     assert copy.read_bytes() == before
 
 
-def test_a_damaged_data_block_is_named_by_export_and_history(copy, tmp_path):
-    size = copy.stat().st_size
-    with open(copy, "r+b") as f:  # bytes in the middle of every third 256 KiB block
-        for offset in range(3 * 262_144, size - 262_144, 3 * 262_144):
-            f.seek(offset + 1000)
+def _damage(path: Path, table: str) -> int:
+    """Bytes overwritten where ``table``'s first segment in each of its data blocks begins
+    (DuckDB's file: 12 KiB of headers, then blocks of 256 KiB, each an 8-byte checksum of what
+    the block holds, then its segments); how many blocks."""
+    with duckdb.connect(str(path), read_only=True) as con:
+        (size,) = con.execute("SELECT block_size FROM pragma_database_size()").fetchone()
+        blocks = con.execute(
+            f"SELECT block_id, min(block_offset) FROM pragma_storage_info('{table}') "
+            "WHERE persistent AND block_id >= 0 GROUP BY block_id").fetchall()
+    with open(path, "r+b") as f:
+        for block, offset in blocks:
+            f.seek(3 * 4096 + block * size + 8 + offset)
             f.write(b"\xff" * 64)
-    for argv in (("export", "--out", str(tmp_path / "e.jsonl")),
-                 ("history", "--table", "Accounts")):
+    return len(blocks)
+
+
+@pytest.mark.parametrize("table", ["mods", "transactions"])
+def test_a_damaged_data_block_is_named_by_report_export_and_history(copy, tmp_path, table):
+    """``report`` reads every table back (``Cache.read_every_block``), so a damaged block is
+    found wherever it is; ``export`` and ``history`` find those they read (``mods``)."""
+    assert _damage(copy, table) > 0
+    commands = [("report",)]
+    if table == "mods":
+        commands += [("export", "--out", str(tmp_path / "e.jsonl")),
+                     ("history", "--table", "Accounts")]
+    for argv in commands:
         done = cli(*argv, "--cache", str(copy))
         assert done.returncode == 1, done.stderr
         assert done.stderr.startswith(f"error: The cache {copy} is damaged: DuckDB cannot read "
@@ -93,6 +111,12 @@ def test_a_damaged_data_block_is_named_by_export_and_history(copy, tmp_path):
         assert done.stderr.endswith("; pull or import the streams again into a new cache "
                                     "file, or restore a copy.\n")
         assert done.stderr.count("\n") == 1
+
+
+def test_report_of_a_whole_cache_says_it_read_every_table(copy):
+    done = cli("report", "--cache", str(copy))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.endswith("cache file: all 13 tables read back whole, no damaged block\n")
 
 
 def test_the_spill_folder_a_kill_left_is_removed_by_the_next_open(copy):

@@ -562,6 +562,18 @@ class Cache:
             "UPDATE meta SET value = CAST(CAST(value AS BIGINT) + 1 AS TEXT) WHERE key = 'version'"
         )
 
+    def read_every_block(self) -> int:
+        """Read every column of every table, so that DuckDB checks the checksum of each data
+        block the tables hold: a damaged one raises ``duckdb.IOException`` ("Corrupt database
+        file"), which ``cache_failure`` names. Returns the number of tables read."""
+        tables = [r[0] for r in self.con.execute(
+            "SELECT table_name FROM duckdb_tables() WHERE database_name = current_database() "
+            "ORDER BY table_name").fetchall()]
+        for table in tables:
+            quoted = table.replace('"', '""')
+            self.con.execute(f'SELECT max(hash(COLUMNS(*))) FROM "{quoted}"').fetchall()
+        return len(tables)
+
     def streams(self) -> list[str]:
         rows = self.con.execute("SELECT stream FROM streams ORDER BY stream").fetchall()
         return [r[0] for r in rows]
