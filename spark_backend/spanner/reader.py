@@ -68,7 +68,7 @@ import time
 import weakref
 from collections.abc import Iterator
 from enum import StrEnum
-from typing import Any
+from typing import Any, NamedTuple
 
 from spark_backend.model import config
 from spark_backend.model.errors import BadInput
@@ -337,14 +337,24 @@ def _positions(type_pb) -> dict[str, int]:
     return {f.name: i for i, f in enumerate(type_pb.struct_type.fields)}
 
 
-def _fast_gsql(column_type, token: str | None):
-    """The direct decoder of :func:`_row_decoder` for one result's column type, or None when
-    the metadata is not the doc's shape. It returns None for a row it does not take (a child
-    partitions record, a null or missing value where the doc has one, anything unusual): the
-    general way then decodes that row, and reports it if it is malformed."""
-    from spark_backend.model.records import MOD_TYPES, _column_types_json, canonical_json
-    from spark_backend.model.timestamps import parse_ns
+class _GsqlLayout(NamedTuple):
+    """Where the direct decoder finds each value of a GoogleSQL change record row."""
 
+    record_width: int
+    i_dc: int
+    i_hb: int
+    dc_width: int
+    dc: tuple[int, ...]  # the positions of ``_DC_REQUIRED``'s fields, in its order
+    dc_optional: tuple[int | None, ...]  # those of ``_DC_OPTIONAL``'s, None where absent
+    hb_width: int
+    i_hb_ts: int
+    mod_width: int
+    mod: tuple[int, int, int]  # keys, new_values, old_values
+    column_types: Any  # the decoder of the column_types value
+
+
+def _gsql_layout(column_type) -> _GsqlLayout | None:
+    """The layout of a result whose metadata is the doc's shape, else None."""
     record = _struct_fields(column_type, 8)
     if record is None or "data_change_record" not in record or "heartbeat_record" not in record:
         return None
@@ -359,88 +369,103 @@ def _fast_gsql(column_type, token: str | None):
     if mod is None or any(int(mod.get(n, _NO_TYPE).code) != 11 for n in _MOD_FIELDS):
         return None
     at_record = _positions(column_type.array_element_type)
-    record_width, i_dc, i_hb = len(at_record), at_record["data_change_record"], \
-        at_record["heartbeat_record"]
     at_dc = _positions(record["data_change_record"].array_element_type)
-    dc_width = len(at_dc)
-    (i_ts, i_seq, i_txn, i_table, i_type, i_types, i_mods) = (at_dc[n] for n in _DC_REQUIRED)
-    (i_last, i_capture, i_records, i_parts, i_tag, i_system) = (
-        at_dc.get(n) for n in _DC_OPTIONAL)
     at_hb = _positions(record["heartbeat_record"].array_element_type)
-    hb_width, i_hb_ts = len(at_hb), at_hb["timestamp"]
     at_mod = _positions(dc["mods"].array_element_type)
-    mod_width = len(at_mod)
-    i_keys, i_new, i_old = (at_mod[n] for n in _MOD_FIELDS)
-    column_types = _value_decoder(dc["column_types"])
-    types_seen: dict[bytes, str] = {}
-    scan, loads = json.decoder.JSONDecoder().scan_once, json.loads
+    return _GsqlLayout(
+        len(at_record), at_record["data_change_record"], at_record["heartbeat_record"],
+        len(at_dc), tuple(at_dc[n] for n in _DC_REQUIRED),
+        tuple(at_dc.get(n) for n in _DC_OPTIONAL), len(at_hb), at_hb["timestamp"],
+        len(at_mod), tuple(at_mod[n] for n in _MOD_FIELDS), _value_decoder(dc["column_types"]))
 
-    def text(v, required: bool = False):
-        """A STRING-coded value: its text, None for null; ``_SKIP`` for any other kind (and
-        for null where ``required``)."""
-        s = v.string_value
-        if s:
-            return s
+
+def _text(v, required: bool = False):
+    """A STRING-coded value: its text, None for null; ``_SKIP`` for any other kind (and for
+    null where ``required``)."""
+    s = v.string_value
+    if s:
+        return s
+    kind = v.WhichOneof("kind")
+    if kind == "string_value":
+        return s
+    return _SKIP if required or kind != "null_value" else None
+
+
+def _flag(v):
+    if v.bool_value:
+        return True
+    kind = v.WhichOneof("kind")
+    return False if kind == "bool_value" else None if kind == "null_value" else _SKIP
+
+
+def _count(v):
+    s = _text(v)
+    if s is None or s is _SKIP:
+        return s
+    try:
+        return int(s)
+    except ValueError:
+        return _SKIP
+
+
+_SCAN_JSON = json.decoder.JSONDecoder().scan_once
+
+
+def _json_value(v):
+    """A JSON value's object (``{}`` for null or empty, as ``records._json_object``); raises
+    ValueError for bad JSON, ``_SKIP`` for a value of another kind."""
+    s = v.string_value
+    if not s:
         kind = v.WhichOneof("kind")
-        if kind == "string_value":
-            return s
-        return _SKIP if required or kind != "null_value" else None
+        return {} if kind == "string_value" or kind == "null_value" else _SKIP
+    try:  # the C scanner without ``json.loads``'s two Python calls around it
+        obj, end = _SCAN_JSON(s, 0)
+    except StopIteration:
+        return json.loads(s)  # leading space, or not JSON: as json.loads has it
+    return obj if end == len(s) else json.loads(s)
 
-    def flag(v):
-        if v.bool_value:
-            return True
-        kind = v.WhichOneof("kind")
-        return False if kind == "bool_value" else None if kind == "null_value" else _SKIP
 
-    def count(v):
-        s = text(v)
-        if s is None or s is _SKIP:
-            return s
-        try:
-            return int(s)
-        except ValueError:
-            return _SKIP
+def _first(v, width: int):
+    """The first element of an ARRAY<STRUCT> value, as its list of values (None: empty or
+    null, ``_SKIP``: anything else)."""
+    kind = v.WhichOneof("kind")
+    if kind != "list_value":
+        return None if kind == "null_value" else _SKIP
+    items = v.list_value.values
+    if not items:
+        return None
+    item = items[0]
+    if item.WhichOneof("kind") != "list_value":
+        return _SKIP
+    values = item.list_value.values
+    return values if len(values) == width else _SKIP
 
-    def json_value(v):
-        """A JSON value's object (``{}`` for null or empty, as ``records._json_object``);
-        raises ValueError for bad JSON, ``_SKIP`` for a value of another kind."""
-        s = v.string_value
-        if not s:
-            kind = v.WhichOneof("kind")
-            return {} if kind == "string_value" or kind == "null_value" else _SKIP
-        try:  # the C scanner without ``json.loads``'s two Python calls around it
-            obj, end = scan(s, 0)
-        except StopIteration:
-            return loads(s)  # leading space, or not JSON: as json.loads has it
-        return obj if end == len(s) else loads(s)
+
+def _types_decoder(column_types):
+    """column_types value -> its canonical JSON text (``_SKIP`` if malformed), remembered for
+    the texts seen last (a result's rows repeat a few)."""
+    from spark_backend.model.records import _column_types_json
+
+    seen: dict[bytes, str] = {}
 
     def types_text(v):
         key = v.SerializeToString()
-        out = types_seen.get(key)
+        out = seen.get(key)
         if out is None:
             try:
                 out = _column_types_json(column_types(v))
             except (AttributeError, KeyError, TypeError, ValueError):
                 return _SKIP
-            if len(types_seen) >= 1024:
-                types_seen.clear()
-            types_seen[key] = out
+            if len(seen) >= 1024:
+                seen.clear()
+            seen[key] = out
         return out
+    return types_text
 
-    def first(v, width: int):
-        """The first element of an ARRAY<STRUCT> value, as its list of values (None: empty or
-        null, ``_SKIP``: anything else)."""
-        kind = v.WhichOneof("kind")
-        if kind != "list_value":
-            return None if kind == "null_value" else _SKIP
-        items = v.list_value.values
-        if not items:
-            return None
-        item = items[0]
-        if item.WhichOneof("kind") != "list_value":
-            return _SKIP
-        values = item.list_value.values
-        return values if len(values) == width else _SKIP
+
+def _mods_decoder(width: int, i_keys: int, i_new: int, i_old: int):
+    """mods value -> its canonical JSON text, ``_SKIP`` if a mod is not as the doc says."""
+    from spark_backend.model.records import canonical_json
 
     def mods_text(v):
         kind = v.WhichOneof("kind")
@@ -450,13 +475,35 @@ def _fast_gsql(column_type, token: str | None):
         for m in v.list_value.values:
             # a mod that is not a list reads as an empty one: the wrong width
             mv = m.list_value.values
-            if len(mv) != mod_width:
+            if len(mv) != width:
                 return _SKIP
-            keys, new, old = json_value(mv[i_keys]), json_value(mv[i_new]), json_value(mv[i_old])
+            keys, new, old = _json_value(mv[i_keys]), _json_value(mv[i_new]), \
+                _json_value(mv[i_old])
             if keys is _SKIP or new is _SKIP or old is _SKIP:
                 return _SKIP
             mods.append({"keys": keys, "new_values": new, "old_values": old})
         return canonical_json(mods)
+    return mods_text
+
+
+def _fast_gsql(column_type, token: str | None):
+    """The direct decoder of :func:`_row_decoder` for one result's column type, or None when
+    the metadata is not the doc's shape. It returns None for a row it does not take (a child
+    partitions record, a null or missing value where the doc has one, anything unusual): the
+    general way then decodes that row, and reports it if it is malformed."""
+    from spark_backend.model.records import MOD_TYPES
+    from spark_backend.model.timestamps import parse_ns
+
+    layout = _gsql_layout(column_type)
+    if layout is None:
+        return None
+    record_width, i_dc, i_hb, dc_width = layout[:4]
+    i_ts, i_seq, i_txn, i_table, i_type, i_types, i_mods = layout.dc
+    i_last, i_capture, i_records, i_parts, i_tag, i_system = layout.dc_optional
+    hb_width, i_hb_ts = layout.hb_width, layout.i_hb_ts
+    types_text = _types_decoder(layout.column_types)
+    mods_text = _mods_decoder(layout.mod_width, *layout.mod)
+    text, flag, count, first = _text, _flag, _count, _first
 
     def data_change(values):
         mod_type = text(values[i_type], True)
