@@ -30,10 +30,12 @@ _BATCH_DDL = ", ".join(f"{name} {dict(string='VARCHAR', int64='BIGINT', bool='BO
 def _stage(con: duckdb.DuckDBPyConnection, batch: Any, copy: bool = False) -> str:
     """Make the batch readable as ``_batch``; returns what it is (VIEW, ARROW or TABLE).
 
-    ``copy``: an Arrow batch is copied into a temporary table (spilled to disk beyond the
-    memory limit). DuckDB keeps every Arrow object registered in a transaction alive until
-    the transaction ends: a long transaction of many chunks (a file import) would hold all of
-    them; a copy made through a relation holds none."""
+    ``copy``: an Arrow batch is copied into a temporary table. DuckDB keeps every Arrow object
+    registered in a transaction alive until the transaction ends: a long transaction of many
+    chunks (a file import) would hold all of them in this process's memory; a copy made
+    through a relation holds none. The copies, like the other tables a chunk makes, are kept
+    until the commit too, but as DuckDB data: beyond its memory limit they go to its temporary
+    folder (for a file import, about as many bytes as the file)."""
     if copy:
         con.execute(f"CREATE OR REPLACE TEMP TABLE _batch ({_BATCH_DDL})")
         con.from_arrow(batch).insert_into("_batch")
@@ -184,13 +186,20 @@ _DC_AS_THEY_ARE = f"""(SELECT {_KEY} AS record_key, CAST(1 AS BIGINT) AS n, fals
     {_DC_WIDE}, line FROM _batch WHERE kind = 'data_change')"""
 
 
+# Whether a record of the batch was inserted by an earlier chunk of this ingest (``here``): the
+# keys ``_ingest_*`` remembered are first narrowed to the batch's (``seen``, a semi join whose
+# hash table holds the batch's keys), then the batch's are looked up among those. Looked up
+# among all remembered keys at once, the hash table held every key the ingest had inserted
+# so far: a long ingest (a 1 GB file import) ran out of its DuckDB memory there.
 def _stage_data_change(con, stream: str, grouped: bool) -> None:
     con.execute(
         f"""CREATE OR REPLACE TEMP TABLE _dc AS
+        WITH g AS ({_DC_GROUPED if grouped else _DC_NARROW}),
+             seen AS (SELECT i.record_key FROM _ingest_dc i SEMI JOIN g USING (record_key))
         SELECT g.*, false AS known, {_MAY_BE_CACHED.format(by_id="g.record_id IS NOT NULL")}
                  AS maybe,
-               g.record_key IN (SELECT record_key FROM _ingest_dc) AS here
-        FROM ({_DC_GROUPED if grouped else _DC_NARROW}) g""",
+               g.record_key IN (SELECT record_key FROM seen) AS here
+        FROM g""",
         {"stream": stream},
     )
 
@@ -257,13 +266,17 @@ def _data_change(con, stream, pull_id, count_existing, summarize) -> tuple[int, 
 def _heartbeats(con, stream, pull_id, count_existing) -> tuple[int, int]:
     con.execute(
         f"""CREATE OR REPLACE TEMP TABLE _hb AS
+        WITH g AS (SELECT coalesce(partition_token, '') AS partition_token, ts_ns,
+                          count(*) AS n, first(extra ORDER BY origin, line) AS extra,
+                          min(line) AS line
+                   FROM _batch WHERE kind = 'heartbeat' GROUP BY ALL),
+             seen AS (SELECT i.partition_token, i.ts_ns FROM _ingest_hb i
+                      SEMI JOIN g ON i.partition_token = g.partition_token AND i.ts_ns = g.ts_ns)
         SELECT g.*, false AS known, {_MAY_BE_CACHED.format(by_id="g.partition_token = ''")}
                  AS maybe,
-               EXISTS (SELECT 1 FROM _ingest_hb i WHERE i.partition_token = g.partition_token
+               EXISTS (SELECT 1 FROM seen i WHERE i.partition_token = g.partition_token
                        AND i.ts_ns = g.ts_ns) AS here
-        FROM (SELECT coalesce(partition_token, '') AS partition_token, ts_ns, count(*) AS n,
-                     first(extra ORDER BY origin, line) AS extra, min(line) AS line
-              FROM _batch WHERE kind = 'heartbeat' GROUP BY ALL) g""",
+        FROM g""",
         {"stream": stream},
     )
     _mark_known(con, "_hb", "heartbeats h",

@@ -138,7 +138,9 @@ def import_files(
     ``range_bytes`` of whole lines where its format allows (``jobs.import_plan``); Spark
     tasks read a part each, or several small files; jobs of a few tasks at a time
     (``_Reading``) send the rows back packed (``spark.file_parts``), and they land chunk by
-    chunk: neither Spark's driver nor this process ever holds a whole file's rows. Only this
+    chunk, each copied into DuckDB (``ingest_stream``'s ``copy``): neither Spark's driver nor
+    this process ever holds a whole file's rows (what the transaction keeps until its commit
+    goes to DuckDB's temporary folder beside the cache, about the files' size). Only this
     process touches the cache. On a cluster or Spark Connect the files travel to the
     executors through Spark (``spark.local_files``). ``progress`` hears a line per part read.
 
@@ -207,7 +209,7 @@ def _import(cache, stream, fmt, module, files, other, options, say, spark_at,
             on_chunk=tally.count,
             extra_sql=lambda: _bookkeeping(stream, fmt, pull_id, plan, tally),
             count_existing_as_duplicates=True,
-            sort_by=[("origin", "ascending"), ("line", "ascending")]),
+            sort_by=[("origin", "ascending"), ("line", "ascending")], copy=True),
             "failed; nothing of it was kept")
     except BaseException as e:
         cache.finish_pull(pull_id, "failed", error=(str(e).splitlines() or [""])[0])
