@@ -90,6 +90,21 @@ def edges(path: str, ver: int, stream: str) -> pd.DataFrame:
 
 
 @_cached
+def dag(path: str, ver: int, stream: str, stall_s: float) -> dict[str, Any]:
+    """The DAG page's drawing inputs, laid out once per cache version: ``nodes``
+    (``dag_layout.layout`` of the partitions), ``edges``, ``segments``
+    (``dag_layout.edge_segments``) and the ``dot`` and ``svg`` exports."""
+    from spark_backend.analysis import dag_layout
+
+    nodes = dag_layout.layout(partitions(path, ver, stream, stall_s))
+    found = edges(path, ver, stream)
+    segments = dag_layout.edge_segments(nodes, found)
+    return {"nodes": nodes, "edges": found, "segments": segments,
+            "dot": dag_layout.to_dot(nodes, found, stream),
+            "svg": dag_layout.to_svg(nodes, segments)}
+
+
+@_cached
 def partition_detail(path: str, ver: int, stream: str, token: str) -> dict:
     return _run(path, analysis.partition_detail, stream, token)
 

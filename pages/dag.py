@@ -2,7 +2,7 @@
 
 import streamlit as st
 
-from app import dag_layout, figures, nav, overview_view, resources, state, widgets
+from app import figures, nav, overview_view, resources, state, widgets
 from app.formatting import clock, range_clip_note, to_datetime
 from app.safe import md
 
@@ -10,10 +10,8 @@ c = widgets.need_stream()
 highlight = widgets.walkthrough_banner("dag")
 st.title("Partition DAG")
 
-parts = resources.partitions(c.path, c.version, c.stream, c.stall_s)
-edges = resources.edges(c.path, c.version, c.stream)
-nodes = dag_layout.layout(parts)
-segments = dag_layout.edge_segments(nodes, edges)
+drawn = resources.dag(c.path, c.version, c.stream, c.stall_s)  # laid out once per version
+nodes, edges, segments = drawn["nodes"], drawn["edges"], drawn["segments"]
 tokens = set(nodes["token"])
 selected = state.selected_partition()
 
@@ -80,9 +78,9 @@ if pick != "(none)" and pick != selected:
     st.rerun()
 
 left, mid, right = st.columns(3)
-left.download_button("Export DOT", dag_layout.to_dot(nodes, edges, c.stream),
+left.download_button("Export DOT", drawn["dot"],
                      file_name="dag.dot", mime="text/vnd.graphviz")
-mid.download_button("Export SVG", dag_layout.to_svg(nodes, segments),
+mid.download_button("Export SVG", drawn["svg"],
                     file_name="dag.svg", mime="image/svg+xml")
 right.caption("PNG: the camera icon of the chart's toolbar.")
 

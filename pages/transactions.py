@@ -6,7 +6,6 @@ import dataclasses
 import streamlit as st
 
 from app import (
-    dag_layout,
     figures,
     partitions_transactions,
     queries,
@@ -97,7 +96,7 @@ if st.toggle(f"Timeline: every transaction ({count(done['transactions'])}) by pa
              key="tx_timeline"):
     opened_recs = (resources.transaction_records(c.path, c.version, c.stream, opened)
                    if opened else None)
-    nodes = dag_layout.layout(resources.partitions(c.path, c.version, c.stream, c.stall_s))
+    nodes = resources.dag(c.path, c.version, c.stream, c.stall_s)["nodes"]
     lanes = dict(zip(nodes["token"], nodes["lane"], strict=True))
     total = done["transactions"]
     window_f = f

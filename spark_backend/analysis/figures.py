@@ -214,44 +214,57 @@ def lag_over_time_figure(lag: pd.DataFrame, low: pd.DataFrame, threshold_s: floa
                          total: int, stall: dict | None = None, at_ns: int | None = None,
                          highlight: str | None = None) -> go.Figure:
     """Each shown partition's lag behind the frontier over time (thin), the low watermark's
-    (thick), the threshold, the worst stall shaded, the replay moment as a line."""
+    (thick), the threshold, the worst stall shaded, the replay moment as a line.
+
+    Times go to plotly as milliseconds since the epoch on a date axis, and the threshold, the
+    stall and the moment as plain layout shapes: plotly's ``add_hline``/``add_vrect`` and
+    per-point datetimes cost more than the rest of the page."""
     fig = go.Figure()
     red = highlight or (stall or {}).get("partition")
-    others = lag[lag["partition"] != red]
-    xs: list[Any] = []
-    ys: list[Any] = []
-    for _, group in others.groupby("partition", sort=True):
-        xs += _dt(group["t_ns"]) + [None]
-        ys += list(group["lag_s"]) + [None]
+    others = lag[lag["partition"] != red].sort_values(["partition", "t_ns"], kind="stable")
+    # one polyline with a NaN gap after each partition: lines within a partition only
+    ends = others["partition"].ne(others["partition"].shift(-1)).to_numpy()
+    pos = np.arange(len(others)) + np.concatenate([[0], np.cumsum(ends)[:-1]]).astype(int)
+    xs = np.full(len(others) + int(ends.sum()), np.nan)
+    ys = np.full_like(xs, np.nan)
+    xs[pos], ys[pos] = _ms(others["t_ns"]), others["lag_s"].to_numpy(dtype="float64")
     shown = lag["partition"].nunique()
     fig.add_trace(go.Scatter(
         x=xs, y=ys, mode="lines", line=dict(color="rgba(26,115,232,0.45)", width=1),
-        name=f"partitions ({shown} that lagged most of {total})", hoverinfo="skip"))
+        name=f"partitions ({shown} that lagged most of {total})", hoverinfo="skip",
+        connectgaps=False))
     if red is not None:
         mine = lag[lag["partition"] == red]
         if not mine.empty:
             fig.add_trace(go.Scatter(
-                x=_dt(mine["t_ns"]), y=mine["lag_s"], mode="lines",
+                x=_ms(mine["t_ns"]), y=mine["lag_s"].to_numpy(dtype="float64"), mode="lines",
                 name=f"partition {html(short(red, 16))}", line=dict(color="#d93025", width=2.5),
                 hovertemplate="%{x}<br>lag %{y:.1f}s<extra></extra>"))
     fig.add_trace(go.Scatter(
-        x=_dt(low["t_ns"]), y=low["held_s"], mode="lines", name="low watermark",
-        line=dict(color="#202124", width=2, dash="dash"),
+        x=_ms(low["t_ns"]), y=low["held_s"].to_numpy(dtype="float64"), mode="lines",
+        name="low watermark", line=dict(color="#202124", width=2, dash="dash"),
         customdata=[[html(short(h, 16))] for h in low["holder"]],
         hovertemplate="%{x}<br>low watermark %{y:.1f}s behind<br>held by %{customdata[0]}"
                       "<extra></extra>"))
-    fig.add_hline(y=threshold_s, line=dict(color="#f29900", dash="dot", width=1),
-                  annotation_text=f"stall threshold {threshold_s:g}s",
-                  annotation_position="top left")
+    shapes: list[dict] = [dict(type="line", xref="x domain", x0=0, x1=1, yref="y",
+                               y0=threshold_s, y1=threshold_s,
+                               line=dict(color="#f29900", dash="dot", width=1))]
     if stall is not None:
         x1 = stall["until_ns"] if stall["until_ns"] is not None else stall["last_ns"]
-        fig.add_vrect(x0=to_datetime(stall["since_ns"]), x1=to_datetime(x1),
-                      fillcolor="#d93025", opacity=0.08, line_width=0)
+        shapes.append(dict(type="rect", xref="x", x0=float(_ms(stall["since_ns"])),
+                           x1=float(_ms(x1)), yref="y domain", y0=0, y1=1,
+                           fillcolor="#d93025", opacity=0.08, line_width=0))
     if at_ns is not None:
-        fig.add_vline(x=to_datetime(at_ns), line=dict(color="#1a73e8", width=1.5))
+        shapes.append(dict(type="line", xref="x", x0=float(_ms(at_ns)), x1=float(_ms(at_ns)),
+                           yref="y domain", y0=0, y1=1,
+                           line=dict(color="#1a73e8", width=1.5)))
     fig.update_layout(height=380, margin=dict(l=10, r=10, t=50, b=10), legend=_LEGEND,
                       hovermode="closest", xaxis=dict(title=None, type="date"),
-                      yaxis=dict(title="lag behind the frontier (s)", rangemode="tozero"))
+                      yaxis=dict(title="lag behind the frontier (s)", rangemode="tozero"),
+                      shapes=shapes,
+                      annotations=[dict(text=f"stall threshold {threshold_s:g}s",
+                                        xref="x domain", x=0, xanchor="left", yref="y",
+                                        y=threshold_s, yanchor="bottom", showarrow=False)])
     return fig
 
 
@@ -263,8 +276,10 @@ def lag_figure(lag: pd.DataFrame, threshold_s: float, top: int = 40) -> go.Figur
                            orientation="h", marker_color=colours,
                            customdata=[[html(t)] for t in lag["partition"]],
                            hovertemplate="%{customdata[0]}<br>%{x:.1f}s<extra></extra>"))
-    fig.add_vline(x=threshold_s, line=dict(color="#202124", dash="dot"))
     fig.update_layout(height=max(240, 22 * len(lag) + 60), margin=dict(l=10, r=10, t=10, b=10),
+                      shapes=[dict(type="line", xref="x", x0=threshold_s, x1=threshold_s,
+                                   yref="y domain", y0=0, y1=1,
+                                   line=dict(color="#202124", dash="dot"))],
                       xaxis_title="lag (s)", yaxis=dict(autorange="reversed"))
     return fig
 
