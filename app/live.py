@@ -47,6 +47,10 @@ class LiveRunner:
     last_ok: bool = True
     last_at: float = 0.0
     stopped: bool = False
+    # Work a page wants done after each refresh, off its own run (key -> function); its last
+    # result stays in ``prepared`` (see :meth:`follow`).
+    followers: dict[Any, Callable[[], Any]] = field(default_factory=dict, repr=False)
+    prepared: dict[Any, Any] = field(default_factory=dict, repr=False)
     _stop: threading.Event = field(default_factory=threading.Event, repr=False)
     _thread: threading.Thread | None = field(default=None, repr=False)
 
@@ -81,10 +85,27 @@ class LiveRunner:
                 self.tick()
             except Exception as e:  # keep the loop alive; the page shows the sentence
                 self.last, self.last_ok = f"The refresh failed: {str(e).splitlines()[0]}", False
+            self._prepare()
             if self.world.finished:
                 self.last = _FINISHED.get(self.source, "The live source has finished.")
                 break
             self._stop.wait(max(0.5, self.every_s - (time.monotonic() - began)))
+
+    def follow(self, key: Any, prepare: Callable[[], Any]) -> None:
+        """Run ``prepare`` after every refresh from now on (``key`` replaces an earlier one):
+        a page's slow reads and figures are ready before its next run asks for them."""
+        self.followers[key] = prepare
+        while len(self.followers) > 8:  # sessions with other thresholds or ranges
+            oldest = next(iter(self.followers))
+            self.followers.pop(oldest)
+            self.prepared.pop(oldest, None)
+
+    def _prepare(self) -> None:
+        for key, prepare in list(self.followers.items()):
+            try:
+                self.prepared[key] = prepare()
+            except Exception:  # the page's own run computes it again and shows the error
+                self.prepared.pop(key, None)
 
     def stop(self) -> None:
         self._stop.set()
@@ -105,10 +126,48 @@ class LiveRunner:
                 f"last{ago}: {self.last}")
 
 
+# The name a start asked for, per prefix, until the runner it starts takes it: the pages name
+# the stream from the click on, while the world, its server and its first pull start.
+_reserved: dict[str, str] = {}
+_reserved_lock = threading.Lock()
+
+
+def reserve_stream_name(now_ns: int, prefix: str = LIVE_PREFIX) -> str:
+    """The name the next live stream of ``prefix`` will have (:func:`new_stream_name` returns
+    it), fixed at the moment a start is asked for. A start already asked for keeps its name."""
+    with _reserved_lock:
+        return _reserved.setdefault(prefix, prefix + format_ns(now_ns)[11:19].replace(":", ""))
+
+
+def cancel_reservation(name: str) -> bool:
+    """Forget ``name`` if no runner took it (its start never began); True when it was
+    pending."""
+    with _reserved_lock:
+        for prefix, reserved in list(_reserved.items()):
+            if reserved == name:
+                del _reserved[prefix]
+                return True
+    return False
+
+
+def is_reserved(name: str) -> bool:
+    """A start asked for ``name`` and no runner has taken it yet."""
+    with _reserved_lock:
+        return name in _reserved.values()
+
+
+def is_starting(name: str, runner: LiveRunner | None) -> bool:
+    """A live stream asked for whose first pull has not finished: its name is reserved, or its
+    runner runs and has not refreshed once (the stream's row may exist, its data not yet)."""
+    return is_reserved(name) or (runner is not None and runner.running and runner.ticks == 0)
+
+
 def new_stream_name(now_ns: int, prefix: str = LIVE_PREFIX) -> str:
     """LiveDemo_HHMMSS (UTC): each live world is a stream of its own (its times differ); a live
-    emulator's is LiveEmulator_HHMMSS."""
-    return prefix + format_ns(now_ns)[11:19].replace(":", "")
+    emulator's is LiveEmulator_HHMMSS. A name reserved for this prefix is taken (and freed)."""
+    with _reserved_lock:
+        reserved = _reserved.pop(prefix, None)
+    return reserved or prefix + format_ns(now_ns)[11:19].replace(":", "")
 
 
 def refusal(info: dict[str, Any]) -> str | None:

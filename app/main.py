@@ -20,8 +20,8 @@ import spark_backend  # noqa: E402, F401, I001
 import streamlit as st  # noqa: E402
 from streamlit import config as st_config  # noqa: E402
 
-from app import import_roots, nav, resources, state, widgets  # noqa: E402
-from app.live import LIVE_PREFIX  # noqa: E402
+from app import import_roots, live, nav, resources, state, widgets  # noqa: E402
+from app.live import LIVE_EMULATOR_PREFIX, LIVE_PREFIX  # noqa: E402
 from app.safe import md  # noqa: E402
 
 # Where the server may listen without being asked: loopback only. The project's
@@ -37,6 +37,9 @@ def _served_where_asked() -> bool:
         return True
     return st_config.get_where_defined("server.address") != "<default>"
 from spark_backend.model.errors import InspectorError  # noqa: E402
+
+# The Sources page's buttons that start a live stream -> the prefix of the stream they start.
+LIVE_STARTS = {"live_start": LIVE_PREFIX, "live_emu_start": LIVE_EMULATOR_PREFIX}
 
 
 def _open(path: str) -> str | None:
@@ -88,10 +91,42 @@ def _sidebar_cache() -> str:
     return path
 
 
-def _sidebar_stream(path: str) -> str | None:
-    names = resources.streams(path)
-    if not names:
+def _live_start_asked(page: st.Page) -> str | None:
+    """In the run where a Sources button starting a live stream was clicked: the stream's name,
+    reserved now and shown from now on (sidebar, URL, links), while the page starts it."""
+    if page.url_path != "sources" or st.session_state.get("cache_error"):
         return None
+    for key, prefix in LIVE_STARTS.items():
+        if st.session_state.get(key) is True:
+            name = live.reserve_stream_name(time.time_ns(), prefix)
+            st.session_state["live_pending"] = name
+            state.choose_stream(name)
+            return name
+    return None
+
+
+def _pending_live(names: list[str]) -> str | None:
+    """The live stream this session asked for that is starting and not cached yet; None when
+    there is none (it landed, or its start ended without landing anything)."""
+    name = st.session_state.get("live_pending")
+    if name is None:
+        return None
+    if live.is_starting(name, resources.live_runner(name)):
+        return name
+    del st.session_state["live_pending"]
+    if name not in names and state.param("stream") == name:
+        state.set_param("stream", None)
+    return None
+
+
+def _sidebar_stream(path: str) -> tuple[str | None, bool]:
+    """The stream shown, and whether it is a live stream still starting (not cached yet)."""
+    names = resources.streams(path)
+    pending = _pending_live(names)
+    if pending is not None and pending not in names:
+        names = [*names, pending]
+    if not names:
+        return None, False
     chosen = state.take_chosen_stream()
     if chosen in names:  # a page chose it (e.g. a sample just imported)
         state.set_param("stream", chosen)
@@ -104,7 +139,7 @@ def _sidebar_stream(path: str) -> str | None:
     stream = st.sidebar.selectbox("Stream", names, index=index,
                                   key=f"stream_select_{st.session_state.get('stream_pick_n', 0)}")
     state.set_param("stream", stream)
-    return stream
+    return stream, stream == pending
 
 
 def _sidebar_range() -> tuple[int | None, int | None]:
@@ -128,7 +163,7 @@ def _sidebar_walkthrough(c: state.Ctx) -> None:
     on = st.sidebar.toggle("Walkthrough", value=bool(st.session_state.get("walkthrough")),
                            help="A guided tour of the demo world.")
     st.session_state["walkthrough"] = on
-    if not on or c.stream is None:
+    if not on or c.stream is None or c.starting:
         return
     steps = widgets.walkthrough_steps(c)
     found = widgets.current_step(steps)
@@ -161,23 +196,31 @@ def main() -> None:
     path = _sidebar_cache()
     error = _open(path)
     st.session_state["cache_error"] = error
-    stream, start_ns, end_ns, version = None, None, None, 0
+    stream, start_ns, end_ns, version, starting = None, None, None, 0, False
+    asked = None
     if error:
         st.sidebar.error(md(error))
     else:
         _bootstrap(path)
+        asked = _live_start_asked(navigation)
         version = resources.version(path)
-        stream = _sidebar_stream(path)
+        stream, starting = _sidebar_stream(path)
         if stream is not None:
             start_ns, end_ns = _sidebar_range()
     stall, stall_error = state.stall_threshold(
         state.LIVE_STALL_S if stream and stream.startswith(LIVE_PREFIX) else None)
     if stall_error:
         st.sidebar.error(md(stall_error))
-    c = state.Ctx(path, version, stream, start_ns, end_ns, stall)
+    c = state.Ctx(path, version, stream, start_ns, end_ns, stall, starting=starting)
     state.set_ctx(c)
     _sidebar_walkthrough(c)
-    navigation.run()
+    try:
+        navigation.run()
+    finally:
+        # A start that never began (interrupted, or refused before its runner existed) frees
+        # its name; the next run then shows what was shown before.
+        if asked is not None:
+            live.cancel_reservation(asked)
 
 
 main()

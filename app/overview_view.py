@@ -87,6 +87,41 @@ def view(path: str, ver: int, stream: str, stall_s: float, start_ns: int | None,
 
 
 @dataclass(frozen=True)
+class Drawn:
+    """The Overview's figures of one :class:`View`, built ahead of drawing them."""
+
+    view: View
+    lag: Any | None            # lag over time (None without heartbeats or watermarks)
+    dag: Any | None            # the live DAG (live streams only)
+    said: list[str]            # live: what happened in the last 3 minutes
+
+
+@st.cache_data(show_spinner=False, max_entries=resources.QUERY_CACHE_ENTRIES)
+def drawn(path: str, ver: int, stream: str, stall_s: float, start_ns: int | None,
+          end_ns: int | None, live_now: bool) -> Drawn:
+    """:func:`view` and the figures made of it, cached by version: a live Overview's fragment
+    only draws them (a runner's follower builds them after each refresh)."""
+    from . import dag_layout, figures, live
+
+    v = view(path, ver, stream, stall_s, start_ns, end_ns)
+    lag = dag = None
+    said: list[str] = []
+    if v.heartbeats:
+        low = queries.low_watermark_over_time(v.replay)
+        if not low.empty:
+            by_partition, total = queries.lag_over_time(v.replay, top=12)
+            lag = figures.lag_over_time_figure(by_partition, low, stall_s, total, stall=v.worst)
+            lag.update_layout(height=300)
+        if live_now and v.now is not None:
+            said = live.events(v.parts, v.edges, v.found, v.now["t_ns"] - 180 * 10**9)
+            nodes = dag_layout.layout(v.parts)
+            dag = figures.dag_figure(nodes, dag_layout.edge_segments(nodes, v.edges),
+                                     holder=v.now["holder"] if v.now["lag_s"] > stall_s
+                                     else None)
+    return Drawn(v, lag, dag, said)
+
+
+@dataclass(frozen=True)
 class Freshness:
     """How a stream vouches for progress: heartbeats (stall words apply) or, without them,
     how fresh its changes are (``summary``: ``systems.freshness_summary``; ``events``:

@@ -29,6 +29,7 @@ class Ctx:
     start_ns: int | None  # the range shown (None: the stream's whole cached range)
     end_ns: int | None
     stall_s: float
+    starting: bool = False  # a live stream this session started that is not cached yet
 
 
 def ctx() -> Ctx:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pandas as pd
 import streamlit as st
 
-from . import nav, resources, state, walkthrough
+from . import live, nav, resources, state, walkthrough
 from .formatting import clock, count, ns_column, short, timestamp
 from .queries import TxnFilter
 from .safe import md
@@ -44,7 +46,23 @@ def need_stream() -> state.Ctx:
         st.page_link(nav.page("sources"), label="Go to Sources and pull",
                      icon=":material/arrow_forward:")
         st.stop()
+    if c.starting:
+        st.title(md(c.stream))
+        st.fragment(run_every=timedelta(seconds=1))(_starting)(c)
+        st.stop()
     return c
+
+
+def _starting(c: state.Ctx) -> None:
+    """A live stream asked for and not cached yet: say so, and rerun the app once it has
+    landed (or its start has ended), so every page then shows it."""
+    runner = resources.live_runner(c.stream)
+    if not live.is_starting(c.stream, runner):
+        st.rerun()
+    st.info(md(f"{c.stream} is starting: its source and its first pull. This page shows it "
+               "as soon as the first pull has landed."))
+    if runner is not None:
+        st.text(runner.status())
 
 
 def with_datetimes(df: pd.DataFrame) -> pd.DataFrame:

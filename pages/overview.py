@@ -8,7 +8,7 @@ from datetime import timedelta
 import pandas as pd
 import streamlit as st
 
-from app import dag_layout, figures, live, nav, overview_view, queries, resources, widgets
+from app import live, nav, overview_view, resources, widgets
 from app.formatting import (
     clock,
     count,
@@ -31,9 +31,10 @@ runner = resources.live_runner(c.stream)
 boot = resources.bootstrap_of(c.path)
 
 
-def lead(v: overview_view.View) -> None:
+def lead(d: overview_view.Drawn) -> None:
     """The worst stall (or freshness), the state now, the lag chart (and, live, what just
     happened)."""
+    v = d.view
     if runner is not None:
         st.text(runner.status())
     if not v.heartbeats:
@@ -46,20 +47,13 @@ def lead(v: overview_view.View) -> None:
                      icon=":material/arrow_forward:",
                      query_params={**link, "partition": v.worst["partition"],
                                    "at": timestamp(v.worst["last_ns"])})
-    low = queries.low_watermark_over_time(v.replay)
-    if not low.empty:
-        lag, total = queries.lag_over_time(v.replay, top=12)
-        fig = figures.lag_over_time_figure(lag, low, c.stall_s, total, stall=v.worst)
-        fig.update_layout(height=300)
-        st.plotly_chart(fig, key="ov_lag")
+    if d.lag is not None:
+        st.plotly_chart(d.lag, key="ov_lag")
     if runner is not None and v.now is not None:
-        said = live.events(v.parts, v.edges, v.found, v.now["t_ns"] - 180 * 10**9)
-        st.markdown("**In the last 3 minutes:**  \n" + ("  \n".join(said[:8]) if said
+        st.markdown("**In the last 3 minutes:**  \n" + ("  \n".join(d.said[:8]) if d.said
                                                         else "nothing new."))
-        nodes = dag_layout.layout(v.parts)
-        dag = figures.dag_figure(nodes, dag_layout.edge_segments(nodes, v.edges),
-                                 holder=v.now["holder"] if v.now["lag_s"] > c.stall_s else None)
-        st.plotly_chart(dag, key="ov_live_dag")
+        if d.dag is not None:
+            st.plotly_chart(d.dag, key="ov_live_dag")
 
 
 def tiles(v: overview_view.View) -> None:
@@ -115,28 +109,43 @@ def anomalies_box(v: overview_view.View) -> None:
 
 def overview(version: int) -> None:
     """The whole page at ``version`` of the cache, from one read."""
-    v = overview_view.view(c.path, version, c.stream, c.stall_s, c.start_ns, c.end_ns)
+    d = overview_view.drawn(c.path, version, c.stream, c.stall_s, c.start_ns, c.end_ns,
+                            runner is not None)
+    v = d.view
     s = v.summary
     st.title(md(c.stream))
     st.caption(f"{md(s['system'])} · source {md(s['source'])} · cached "
                f"{span_text(s['range_start_ns'], s['range_end_ns'])}"
                + range_clip_note(c.start_ns, c.end_ns))
-    lead(v)
+    lead(d)
     tiles(v)
     anomalies_box(v)
 
 
+def _prepare() -> int:
+    """After a live refresh, off the page's run: the Overview at the new version, read and
+    drawn into the cache, so the fragment's next run only puts it on screen (a run that reads
+    and draws for seconds greys the page out meanwhile). Returns that version."""
+    version = resources.version(c.path)
+    overview_view.drawn(c.path, version, c.stream, c.stall_s, c.start_ns, c.end_ns, True)
+    return version
+
+
 def following() -> None:
     """Rerun by itself while data lands: the bootstrap's progress, then the page as it is
-    now (the version is read again on every run)."""
+    now. Live, the version shown is the newest one the runner has prepared."""
     if boot is not None and (boot.running or boot.error):
         if boot.error:
             st.error(md(boot.error))
         else:
             st.progress(boot.fraction, text=md(boot.progress_text()))
-    overview(resources.version(c.path))
+    ready = runner.prepared.get(follower) if runner is not None else None
+    overview(ready if ready is not None else resources.version(c.path))
 
 
+follower = ("overview", c.stall_s, c.start_ns, c.end_ns)
+if runner is not None and runner.running:
+    runner.follow(follower, _prepare)
 if (runner is not None and runner.running) or (boot is not None and boot.running):
     every = 2.0 if boot is not None and boot.running else live.DEFAULT_EVERY_S
     st.fragment(run_every=timedelta(seconds=every))(following)()
