@@ -190,15 +190,29 @@ _DC_AS_THEY_ARE = f"""(SELECT {_KEY} AS record_key, CAST(1 AS BIGINT) AS n, fals
 # keys ``_ingest_*`` remembered are first narrowed to the batch's (``seen``, a semi join whose
 # hash table holds the batch's keys), then the batch's are looked up among those. Looked up
 # among all remembered keys at once, the hash table held every key the ingest had inserted
-# so far: a long ingest (a 1 GB file import) ran out of its DuckDB memory there.
+# so far: a long ingest (a 1 GB file import) ran out of its DuckDB memory there. The first
+# chunk of an ingest (a pull's landing is mostly one) has nothing to look up.
+_SEEN_DC = "seen AS (SELECT i.record_key FROM _ingest_dc i SEMI JOIN g USING (record_key))"
+_HERE_DC = "g.record_key IN (SELECT record_key FROM seen)"
+_SEEN_HB = """seen AS (SELECT i.partition_token, i.ts_ns FROM _ingest_hb i
+    SEMI JOIN g ON i.partition_token = g.partition_token AND i.ts_ns = g.ts_ns)"""
+_HERE_HB = """EXISTS (SELECT 1 FROM seen i WHERE i.partition_token = g.partition_token
+    AND i.ts_ns = g.ts_ns)"""
+
+
+def _remembers(con, table: str) -> bool:
+    return con.execute(f"SELECT EXISTS (SELECT 1 FROM {table})").fetchone()[0]
+
+
 def _stage_data_change(con, stream: str, grouped: bool) -> None:
+    remembers = _remembers(con, "_ingest_dc")
     con.execute(
         f"""CREATE OR REPLACE TEMP TABLE _dc AS
-        WITH g AS ({_DC_GROUPED if grouped else _DC_NARROW}),
-             seen AS (SELECT i.record_key FROM _ingest_dc i SEMI JOIN g USING (record_key))
+        WITH g AS ({_DC_GROUPED if grouped else _DC_NARROW})
+             {f", {_SEEN_DC}" if remembers else ""}
         SELECT g.*, false AS known, {_MAY_BE_CACHED.format(by_id="g.record_id IS NOT NULL")}
                  AS maybe,
-               g.record_key IN (SELECT record_key FROM seen) AS here
+               {_HERE_DC if remembers else "false"} AS here
         FROM g""",
         {"stream": stream},
     )
@@ -264,18 +278,17 @@ def _data_change(con, stream, pull_id, count_existing, summarize) -> tuple[int, 
 
 
 def _heartbeats(con, stream, pull_id, count_existing) -> tuple[int, int]:
+    remembers = _remembers(con, "_ingest_hb")
     con.execute(
         f"""CREATE OR REPLACE TEMP TABLE _hb AS
         WITH g AS (SELECT coalesce(partition_token, '') AS partition_token, ts_ns,
                           count(*) AS n, first(extra ORDER BY origin, line) AS extra,
                           min(line) AS line
-                   FROM _batch WHERE kind = 'heartbeat' GROUP BY ALL),
-             seen AS (SELECT i.partition_token, i.ts_ns FROM _ingest_hb i
-                      SEMI JOIN g ON i.partition_token = g.partition_token AND i.ts_ns = g.ts_ns)
+                   FROM _batch WHERE kind = 'heartbeat' GROUP BY ALL)
+             {f", {_SEEN_HB}" if remembers else ""}
         SELECT g.*, false AS known, {_MAY_BE_CACHED.format(by_id="g.partition_token = ''")}
                  AS maybe,
-               EXISTS (SELECT 1 FROM seen i WHERE i.partition_token = g.partition_token
-                       AND i.ts_ns = g.ts_ns) AS here
+               {_HERE_HB if remembers else "false"} AS here
         FROM g""",
         {"stream": stream},
     )
