@@ -30,20 +30,22 @@ WITH p AS (
            epoch_ns(coalesce(watermark, start_ts)) AS watermark_ns,
            data_change_records, heartbeats
     FROM partitions WHERE stream = $stream),
+ids AS (  -- a small number per partition: windows over it sort far faster than over tokens
+    SELECT token, row_number() OVER () AS pid FROM p),
 m AS (  -- every moment a partition vouched for, with its start and its end (open: range end)
-    SELECT partition_token AS token, epoch_ns(ts) AS t FROM progress_marks
-    WHERE stream = $stream AND ts IS NOT NULL AND partition_token IS NOT NULL
-    UNION ALL SELECT token, start_ns FROM p WHERE start_ns IS NOT NULL
-    UNION ALL SELECT token, coalesce(end_ns, $ref) FROM p
+    SELECT ids.pid, epoch_ns(ts) AS t FROM progress_marks JOIN ids ON ids.token = partition_token
+    WHERE stream = $stream AND ts IS NOT NULL
+    UNION ALL SELECT pid, start_ns FROM p JOIN ids USING (token) WHERE start_ns IS NOT NULL
+    UNION ALL SELECT pid, coalesce(end_ns, $ref) FROM p JOIN ids USING (token)
     WHERE coalesce(end_ns, $ref) IS NOT NULL AND state <> 'pending'),
 g AS (
-    SELECT token, lag(t) OVER (PARTITION BY token ORDER BY t) AS gap_from_ns, t AS gap_to_ns
+    SELECT pid, lag(t) OVER (PARTITION BY pid ORDER BY t) AS gap_from_ns, t AS gap_to_ns
     FROM m),
 w AS (  -- the longest silence: the partition's worst lag behind its own next mark
-    SELECT token, max(gap_to_ns - gap_from_ns) AS gap_ns,
+    SELECT ids.token, max(gap_to_ns - gap_from_ns) AS gap_ns,
            arg_max(gap_from_ns, gap_to_ns - gap_from_ns) AS gap_from_ns,
            arg_max(gap_to_ns, gap_to_ns - gap_from_ns) AS gap_to_ns
-    FROM g WHERE gap_from_ns IS NOT NULL GROUP BY token),
+    FROM g JOIN ids USING (pid) WHERE gap_from_ns IS NOT NULL GROUP BY ids.token),
 dc AS (SELECT partition_token AS token, epoch_ns(min(commit_timestamp)) AS first_record_ns,
               epoch_ns(max(commit_timestamp)) AS last_record_ns
        FROM data_change_records WHERE stream = $stream GROUP BY 1),

@@ -94,7 +94,7 @@ def heartbeat_gaps(
         SELECT partition_token AS partition, epoch_ns(prev) AS from_ns, epoch_ns(ts) AS to_ns,
                (epoch_ns(ts) - epoch_ns(prev)) / 1e9 AS gap_s
         FROM ordered WHERE prev IS NOT NULL AND epoch_ns(ts) - epoch_ns(prev) > $threshold
-        ORDER BY gap_s DESC, partition
+        ORDER BY gap_s DESC, partition, from_ns
         """,
         {"stream": stream, "threshold": threshold_ns},
     ).df()
