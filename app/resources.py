@@ -19,6 +19,7 @@ import pandas as pd
 import streamlit as st
 
 from spark_backend import analysis
+from spark_backend.analysis import dag_layout
 from spark_backend.analysis import stalls as stalls_mod
 from spark_backend.cache.store import Cache
 from spark_backend.model.config import CACHE_ENVVAR, DEFAULT_CACHE
@@ -94,8 +95,6 @@ def dag(path: str, ver: int, stream: str, stall_s: float) -> dict[str, Any]:
     """The DAG page's drawing inputs, laid out once per cache version: ``nodes``
     (``dag_layout.layout`` of the partitions), ``edges``, ``segments``
     (``dag_layout.edge_segments``) and the ``dot`` and ``svg`` exports."""
-    from spark_backend.analysis import dag_layout
-
     nodes = dag_layout.layout(partitions(path, ver, stream, stall_s))
     found = edges(path, ver, stream)
     segments = dag_layout.edge_segments(nodes, found)
