@@ -122,7 +122,8 @@ class LiveRunner:
         """One plain sentence: running or not, ticks, the last refresh's outcome."""
         state = "live" if self.running else "stopped"
         ago = "" if not self.last_at else f" ({time.time() - self.last_at:.0f}s ago)"
-        return (f"{self.stream} is {state}: {self.ticks} refreshes every {self.every_s:g}s; "
+        refreshes = "refresh" if self.ticks == 1 else "refreshes"
+        return (f"{self.stream} is {state}: {self.ticks} {refreshes} every {self.every_s:g}s; "
                 f"last{ago}: {self.last}")
 
 

@@ -146,7 +146,13 @@ def following() -> None:
 follower = ("overview", c.stall_s, c.start_ns, c.end_ns)
 if runner is not None and runner.running:
     runner.follow(follower, _prepare)
+# While the fragment redraws (well under a second: it only draws what the runner prepared),
+# Streamlit marks its elements stale and fades them after half a second; on a view that
+# refreshes every few seconds by itself that fade is flicker, not news. A fixed style, no data.
+KEEP_LIVE_OPAQUE = ("<style>[data-testid='stMain'] [data-stale='true']"
+                    "{opacity: 1 !important; transition: none !important;}</style>")
 if (runner is not None and runner.running) or (boot is not None and boot.running):
+    st.html(KEEP_LIVE_OPAQUE)
     every = 2.0 if boot is not None and boot.running else live.DEFAULT_EVERY_S
     st.fragment(run_every=timedelta(seconds=every))(following)()
 else:
