@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -22,9 +23,16 @@ from spark_backend.jobs.import_plan import (
     PlannedFile,
     check_unchanged,
     plan_file,
+    plan_gzip,
     tasks_of,
 )
 from spark_backend.model.errors import BadInput, InspectorError
+
+# Input bytes of one Spark job at most (see _windows); its results stay below the session's
+# spark.driver.maxResultSize (spark.session).
+JOB_BYTES = 256 * 1024 * 1024
+# What Spark's error says when a job's results are more than its driver takes back.
+_RESULT_LIMIT = "spark.driver.maxResultSize"
 
 
 @dataclass
@@ -101,11 +109,17 @@ class _Plan:
 
 
 def _plan(files: list[Path], other: list[tuple[str, str]], known: set[str],
-          module: ModuleType, range_bytes: int) -> _Plan:
+          module: ModuleType, range_bytes: int, staging: Callable[[], str]) -> _Plan:
+    """The files hashed and cut into parts; a ``.gz`` file of a format read in pieces is
+    decompressed into the folder ``staging()`` gives (``import_plan.plan_gzip``)."""
     plan = _Plan(failed=list(other))
     for path in files:
+        resolved = str(path.resolve())
         try:
-            planned = plan_file(str(path.resolve()), module, range_bytes)
+            planned = None
+            if _gzip_head(resolved):
+                planned = plan_gzip(resolved, module, staging(), range_bytes)
+            planned = planned or plan_file(resolved, module, range_bytes)
         except OSError as e:
             plan.failed.append((str(path), f"cannot read the file ({e.strerror or e})"))
             continue
@@ -114,11 +128,18 @@ def _plan(files: list[Path], other: list[tuple[str, str]], known: set[str],
             continue
         if planned.sha256 in known or planned.sha256 in plan.hashes.values():
             plan.skipped += 1
+            if planned.origin:
+                os.remove(planned.path)
             continue
         plan.hashes[planned.path] = planned.sha256
         plan.files.append(planned)
     plan.notes.extend(f"{where}: {why}; kept in quarantine." for where, why in plan.failed)
     return plan
+
+
+def _gzip_head(path: str) -> bool:
+    with open(path, "rb") as f:
+        return f.read(2) == b"\x1f\x8b"
 
 
 def import_files(
@@ -180,8 +201,24 @@ def _import(cache, stream, fmt, module, files, other, options, say, spark_at,
             range_bytes) -> ImportResult:
     known = {r[0] for r in cache.con.execute(
         "SELECT sha256 FROM imports WHERE stream = ?", [stream]).fetchall()}
-    plan = _plan(files, other, known, module, range_bytes)
-    total = len(files) + len(other)
+    staged: list[Path] = []
+
+    def staging() -> str:
+        if not staged:
+            staged.append(cache.staging_dir("import"))
+        return str(staged[0])
+
+    try:
+        return _import_planned(cache, stream, fmt, module, options, say, spark_at,
+                               range_bytes, len(files) + len(other),
+                               _plan(files, other, known, module, range_bytes, staging))
+    finally:
+        for folder in staged:
+            cache.release_staging(folder)
+
+
+def _import_planned(cache, stream, fmt, module, options, say, spark_at, range_bytes, total,
+                    plan: _Plan) -> ImportResult:
     if not plan.files:
         if plan.failed:
             pull_id = cache.begin_pull(stream, f"import:{fmt}", None, None, None)
@@ -253,17 +290,22 @@ class _Reading:
         from spark_backend.spark.file_parts import parts_frame, unpacked
         from spark_backend.spark.session import arrow_batches, task_slots
 
-        window = max(2, 2 * task_slots(spark))
-        for lo in range(0, len(self.tasks), window):
-            specs = [[(p.path, p.start, p.end, p.first_line, shipped.get(p.path)) for p in task]
-                     for task in self.tasks[lo:lo + window]]
-            for item in unpacked(arrow_batches(spark, parts_frame(spark, fmt, specs, options))):
-                if isinstance(item, dict):
-                    self._part_read(item)
-                    continue
-                self.rows += item.num_rows
-                self.bad += pc.sum(pc.equal(item.column("kind"), "bad")).as_py() or 0
-                yield item
+        for window in _windows(self.tasks, max(2, 2 * task_slots(spark))):
+            specs = [[(p.path, p.start, p.end, p.first_line, shipped.get(p.path), p.named)
+                      for p in task] for task in window]
+            try:
+                for item in unpacked(arrow_batches(spark, parts_frame(spark, fmt, specs,
+                                                                      options))):
+                    if isinstance(item, dict):
+                        self._part_read(item)
+                        continue
+                    self.rows += item.num_rows
+                    self.bad += pc.sum(pc.equal(item.column("kind"), "bad")).as_py() or 0
+                    yield item
+            except Exception as e:
+                if _RESULT_LIMIT not in str(e):
+                    raise
+                raise _too_big(window, self.plan, fmt, str(e)) from e
         check_unchanged(self.plan.files, self.read)
 
     def _part_read(self, marker: dict[str, Any]) -> None:
@@ -279,6 +321,43 @@ class _Reading:
                  f"record(s), {self.bad:,} bad line(s)")
 
 
+def _windows(tasks: list[list[Part]], most: int) -> Iterator[list[list[Part]]]:
+    """The tasks in order, in jobs of at most ``most`` tasks and ``JOB_BYTES`` of input (a
+    larger task alone): Spark's driver holds one job's results at a time, and a job's results
+    (packed, compressed) stay below its ``spark.driver.maxResultSize``."""
+    window: list[list[Part]] = []
+    size = 0
+    for task in tasks:
+        length = sum(p.end - p.start for p in task)
+        if window and (len(window) >= most or size + length > JOB_BYTES):
+            yield window
+            window, size = [], 0
+        window.append(task)
+        size += length
+    if window:
+        yield window
+
+
+def _too_big(window: list[list[Part]], plan: _Plan, fmt: str, error: str) -> InspectorError:
+    """Spark aborted a job whose results were more than its driver takes: one sentence naming
+    the largest piece of that job, its file and what to do."""
+    part = max((p for task in window for p in task), key=lambda p: p.end - p.start)
+    planned = next(f for f in plan.files if f.path == part.path)
+    limit = re.search(r"spark\.driver\.maxResultSize \(([^)]*)\)", error)
+    if len(planned.parts) > 1:
+        whole = f"read in parts of up to {_mb(part.end - part.start)}"
+    elif planned.named.endswith(".gz") and not planned.origin:
+        whole = f"read in one piece (a compressed {fmt} file is not read in parts)"
+    else:
+        whole = f"read in one piece ({fmt} files of this kind are not read in parts)"
+    return InspectorError(
+        f"{planned.named} ({_mb(planned.named_size)}) gives more rows at once than Spark's "
+        f"driver takes back (spark.driver.maxResultSize{', ' + limit[1] if limit else ''}): "
+        f"it is {whole}; nothing of this import was kept. Split the file into smaller files "
+        "(e.g. `split -l 1000000`), or give Spark's driver more memory and a larger "
+        "spark.driver.maxResultSize ($CSI_SPARK_DRIVER_MEMORY, $CSI_SPARK_CONF).")
+
+
 def _mb(size: int) -> str:
     return f"{size / 1e6:,.1f} MB"
 
@@ -287,13 +366,13 @@ def _bookkeeping(stream: str, fmt: str, pull_id: int, plan: _Plan,
                  tally: _Tally) -> list[tuple[str, list[Any]]]:
     """The import's last statements: a row per file read in ``imports``, the files none of
     whose lines is of ``fmt`` folded into one quarantine entry each, the unread files."""
-    counts = [tally.per_file.get(f.path, (0, 0)) for f in plan.files]
+    counts = [tally.per_file.get(f.named, (0, 0)) for f in plan.files]
     sql = [("INSERT INTO imports (stream, path, sha256, format, records, bad, pull_id) "
             "SELECT ?, unnest(?::VARCHAR[]), unnest(?::VARCHAR[]), ?, unnest(?::BIGINT[]), "
             "unnest(?::BIGINT[]), ?",  # one statement for any number of files
-            [stream, [f.path for f in plan.files], [f.sha256 for f in plan.files], fmt,
+            [stream, [f.named for f in plan.files], [f.sha256 for f in plan.files], fmt,
              [good for good, _ in counts], [bad for _, bad in counts], pull_id])]
-    sizes = {f.path: (f.size, f.sha256) for f in plan.files}
+    sizes = {f.named: (f.named_size, f.sha256) for f in plan.files}
     for origin, why in tally.not_format(fmt):
         sql += _not_format_sql(stream, pull_id, origin, why, *sizes[origin])
     return sql + _quarantine_sql(stream, plan.failed, pull_id)

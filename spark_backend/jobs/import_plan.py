@@ -5,8 +5,11 @@ file is still what was planned.
 Bounded memory at any size: a part holds at most about ``RANGE_BYTES`` of its file (a line
 never splits, so a part ends at the first line end past the bound), a task at most that many
 bytes or ``TASK_FILES`` files, and a task's results are what one part or a few small files
-give. Files a format cannot read in pieces (``formats.<module>.splittable``), and ``.gz``
-files, are one part each.
+give. Files a format cannot read in pieces (``formats.<module>.splittable``) are one part
+each. A ``.gz`` file of a format read in pieces is decompressed into a staging folder first
+(``plan_gzip``) and its copy cut like any file: its identity (SHA-256, size, the ``origin`` its
+rows name) stays the ``.gz`` file's, its line numbers are those of its content. A ``.gz`` file
+of any other format, or one that does not decompress, is one part read as it is.
 
 A file that changes while it is imported is never taken for the file that was planned: each
 part's SHA-256 is computed here while hashing the whole file, the task reading it hashes the
@@ -16,12 +19,14 @@ those seen before it was hashed (``check_unchanged``).
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import os
+import zlib
 from dataclasses import dataclass, field
 from types import ModuleType
 
-from spark_backend.model.errors import BadInput
+from spark_backend.model.errors import BadInput, InspectorError
 
 RANGE_BYTES = 32 * 1024 * 1024
 TASK_FILES = 500
@@ -37,22 +42,39 @@ class Part:
     end: int
     first_line: int
     sha256: str
+    origin: str = ""  # the file the rows name when not ``path`` (a staged copy's ``.gz``)
+
+    @property
+    def named(self) -> str:
+        return self.origin or self.path
 
 
 @dataclass
 class PlannedFile:
-    path: str                # resolved
+    path: str                # resolved; for a ``.gz`` file, its decompressed copy
     size: int                # as seen before it was hashed
     mtime_ns: int
-    sha256: str
+    sha256: str              # of the file the user named (the ``.gz`` file itself)
     parts: list[Part] = field(default_factory=list)
+    origin: str = ""         # the ``.gz`` file of a decompressed copy
+    origin_size: int = -1
+
+    @property
+    def named(self) -> str:
+        """The file the user named: its rows' ``origin``, its row of ``imports``."""
+        return self.origin or self.path
+
+    @property
+    def named_size(self) -> int:
+        return self.origin_size if self.origin else self.size
 
 
 class _Cutter:
     """Hashes a file chunk by chunk; with ``range_bytes``, also cuts it into parts."""
 
-    def __init__(self, path: str, range_bytes: int | None):
+    def __init__(self, path: str, range_bytes: int | None, origin: str = ""):
         self.path = path
+        self.origin = origin
         self.range_bytes = range_bytes
         self.whole = hashlib.sha256()
         self.part = hashlib.sha256()
@@ -78,32 +100,106 @@ class _Cutter:
         self.newlines += chunk.count(b"\n", i, j)
         end = self.pos + j
         self.parts.append(Part(self.path, self.start, end, self.first_line,
-                               self.part.hexdigest()))
+                               self.part.hexdigest(), self.origin))
         self.start, self.first_line = end, self.first_line + self.newlines
         self.newlines = 0
         self.part = hashlib.sha256()
 
     def close(self) -> list[Part]:
         if self.range_bytes is None:
-            return [Part(self.path, 0, self.pos, 1, self.whole.hexdigest())]
+            return [Part(self.path, 0, self.pos, 1, self.whole.hexdigest(), self.origin)]
         if self.pos > self.start or not self.parts:
             self.parts.append(Part(self.path, self.start, self.pos, self.first_line,
-                                   self.part.hexdigest()))
+                                   self.part.hexdigest(), self.origin))
         return self.parts
 
 
-def plan_file(path: str, module: ModuleType, range_bytes: int = RANGE_BYTES) -> PlannedFile:
-    """``path`` hashed, and cut into parts where its format allows (OSError if unreadable)."""
+def plan_file(path: str, module: ModuleType, range_bytes: int = RANGE_BYTES,
+              origin: str = "") -> PlannedFile:
+    """``path`` hashed, and cut into parts where its format allows (OSError if unreadable);
+    the parts name ``origin`` as the file their rows come from, when given."""
     st = os.stat(path)
     with open(path, "rb") as f:
         head = f.read(4)
         split = head[:2] != _GZIP and module.splittable(head)
-        cutter = _Cutter(path, range_bytes if split else None)
+        cutter = _Cutter(path, range_bytes if split else None, origin)
         cutter.feed(head)
         while chunk := f.read(1 << 20):
             cutter.feed(chunk)
     return PlannedFile(path, st.st_size, st.st_mtime_ns, cutter.whole.hexdigest(),
                        cutter.close())
+
+
+class _Hashing:
+    """A file read through, hashed as it is read."""
+
+    def __init__(self, raw):
+        self.raw = raw
+        self.digest = hashlib.sha256()
+        self.size = 0
+
+    def read(self, n: int = -1) -> bytes:
+        data = self.raw.read(n)
+        self.digest.update(data)
+        self.size += len(data)
+        return data
+
+
+def plan_gzip(path: str, module: ModuleType, staging: str,
+              range_bytes: int = RANGE_BYTES) -> PlannedFile | None:
+    """A ``.gz`` file whose content ``module`` reads in pieces, decompressed into the folder
+    ``staging`` and planned like any file, its SHA-256, size and ``origin`` those of ``path``;
+    None when ``path`` is not gzip, its content is not read in pieces, or it does not
+    decompress whole (then it is read as one part, which tells where it broke). OSError when
+    ``path`` cannot be read; InspectorError when the copy cannot be written."""
+    st = os.stat(path)
+    with open(path, "rb") as raw:
+        if raw.read(2) != _GZIP:
+            return None
+        raw.seek(0)
+        source = _Hashing(raw)
+        copy = os.path.join(staging, f"{len(os.listdir(staging)):06d}.data")
+        try:
+            with gzip.GzipFile(fileobj=source, mode="rb") as unzipped:
+                head = unzipped.read(4)
+                if not module.splittable(head):
+                    return None
+                _copy_out(unzipped, head, copy, path)
+        except (EOFError, zlib.error, gzip.BadGzipFile):
+            if os.path.exists(copy):
+                os.remove(copy)
+            return None
+        while source.read(1 << 20):  # bytes past the last member: hashed as the file's
+            pass
+    if (os.stat(path).st_size, os.stat(path).st_mtime_ns) != (st.st_size, st.st_mtime_ns):
+        raise BadInput(f"{path} changed while it was decompressed for the import; import it "
+                       "again once the file no longer changes.", field="paths")
+    planned = plan_file(copy, module, range_bytes, origin=path)
+    planned.sha256, planned.origin, planned.origin_size = (source.digest.hexdigest(), path,
+                                                           source.size)
+    return planned
+
+
+def _copy_out(unzipped, head: bytes, copy: str, path: str) -> None:
+    try:
+        out = open(copy, "wb")
+    except OSError as e:
+        raise _staging_error(path, copy, e) from e
+    with out:
+        chunk = head
+        while chunk:
+            try:
+                out.write(chunk)
+            except OSError as e:
+                raise _staging_error(path, copy, e) from e
+            chunk = unzipped.read(1 << 20)
+
+
+def _staging_error(path: str, copy: str, e: OSError) -> InspectorError:
+    return InspectorError(f"Cannot decompress {path} for the import into "
+                          f"{os.path.dirname(copy)} ({e.strerror or e}); free space beside "
+                          "the cache (its decompressed size), or import the file "
+                          "decompressed.")
 
 
 def tasks_of(parts: list[Part], task_bytes: int = RANGE_BYTES,
@@ -130,7 +226,7 @@ def check_unchanged(files: list[PlannedFile],
     for planned in files:
         why = _changed(planned, read)
         if why:
-            raise BadInput(f"{planned.path} changed while it was imported ({why}); nothing of "
+            raise BadInput(f"{planned.named} changed while it was imported ({why}); nothing of "
                            "this import was kept: import it again once the file no longer "
                            "changes.", field="paths")
 

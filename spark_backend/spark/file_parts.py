@@ -21,8 +21,9 @@ from typing import Any
 IMPORT_DDL = "arrow BINARY, rows INT, part STRING"
 BATCH_ROWS = 4096  # record rows per packed Spark row
 
-# One part as a task receives it: path, start, end, first line number, shipped name or None.
-PartSpec = tuple[str, int, int, int, "str | None"]
+# One part as a task receives it: path, start, end, first line number, shipped name or None,
+# and the file its rows name (a decompressed copy's ``.gz`` file; else the path).
+PartSpec = tuple[str, int, int, int, "str | None", str]
 
 
 def parts_frame(spark, fmt: str, tasks: list[list[PartSpec]], options: dict[str, str]):
@@ -43,11 +44,11 @@ def read_task(fmt: str, parts: list[PartSpec], options: dict[str, str]) -> Itera
     from spark_backend.model.records import batched, to_arrow_batch
     from spark_backend.spark.local_files import executor_path
 
-    for path, start, end, first_line, shipped in parts:
+    for path, start, end, first_line, shipped, origin in parts:
         seen: dict[str, Any] = {}
         with executor_path(path, shipped) as local:
-            rows = formats.read_part(fmt, local, options, start, end, first_line, origin=path,
-                                     seen=seen)
+            rows = formats.read_part(fmt, local, options, start, end, first_line,
+                                     origin=origin, seen=seen)
             for chunk in batched(rows, BATCH_ROWS):
                 yield _packed(to_arrow_batch(chunk))
         yield _marker({"path": path, "start": start, "bytes": seen.get("bytes"),

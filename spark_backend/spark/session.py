@@ -467,6 +467,11 @@ def _classic_conf(master: str, address: str | None):
         # the executor's block store, fetched from there and removed (Spark's default above
         # 1 MB; a 1M-record pull's tasks carry up to 32,768 records).
         .set("spark.task.maxDirectResultSize", "16m")
+        # A job's results bigger than this are dropped by the executors and the job aborted
+        # with why, instead of being fetched into a 512 MB heap that they would exhaust (an
+        # OutOfMemoryError in a result-getter thread leaves the job waiting forever). An
+        # import's job stays well below it (``jobs.files``: at most 256 MB of input a job).
+        .set("spark.driver.maxResultSize", "256m")
         # What Spark keeps of finished jobs, stages and SQL executions for its UI and status
         # tracker (kept with the UI off too), by default 1,000 of each: a long-lived process
         # (the dashboard, whose live views pull every few seconds) would grow its JVM's live
