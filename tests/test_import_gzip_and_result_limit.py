@@ -163,3 +163,18 @@ def test_rows_more_than_the_driver_takes_end_in_one_sentence(tmp_path):
         finally:
             con.close()
     print(said[0])
+
+
+def test_jobs_hold_at_most_job_bytes_of_input_and_most_tasks():
+    from spark_backend.jobs.files import JOB_BYTES, _windows
+    from spark_backend.jobs.import_plan import Part
+
+    def task(size: int) -> list[Part]:
+        return [Part("f", 0, size, 1, "")]
+
+    mb = 1024 * 1024
+    tasks = [task(32 * mb) for _ in range(20)] + [task(400 * mb), task(mb)]
+    windows = list(_windows(tasks, 64))
+    assert [len(w) for w in windows] == [8, 8, 4, 1, 1]
+    assert all(sum(p.end - p.start for t in w for p in t) <= JOB_BYTES for w in windows[:3])
+    assert [len(w) for w in _windows([task(mb)] * 10, 4)] == [4, 4, 2]
