@@ -105,3 +105,17 @@ def _installed_components_scanned_once():
     manifest_scanner.scan_component_manifests = lambda max_workers=None: list(found)
     yield
     manifest_scanner.scan_component_manifests = scan
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """Debian's chromium (``tests/support/chromium.py``), one per test module."""
+    from playwright.sync_api import sync_playwright
+
+    from tests.support.chromium import CHROMIUM, CHROMIUM_ARGS, SHOTS
+
+    SHOTS.mkdir(exist_ok=True)
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield b
+        b.close()

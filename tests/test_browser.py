@@ -26,21 +26,17 @@ from types import SimpleNamespace
 import pytest
 
 from spark_backend.model.timestamps import format_ns
+from tests.support.chromium import CHROMIUM, SHOTS
 from tests.support.demo_cache import land_world, pull_demo
 from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
 
 ROOT = Path(__file__).resolve().parent.parent
-CHROMIUM = "/usr/bin/chromium"
 # Bounds on waits for what the dashboard does (a page, a chart, a tick): far above what a
 # loaded machine needs, they tell a hang from a slow page; the waits end at the event.
 HANG_S = 600
 HANG_MS = HANG_S * 1000
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update",
-                 "--disable-sync"]
-SHOTS = ROOT / "screenshots"
 PAGES = {"overview": "", "sources": "sources", "dag": "dag", "watermarks": "watermarks",
          "transactions": "transactions", "records": "records", "sql": "sql"}
 CHARTED = {"overview", "dag", "watermarks", "transactions"}
@@ -237,17 +233,6 @@ def _server_stacks() -> str:
     with open(_SERVER_LOG["path"], errors="replace") as f:
         f.seek(before)
         return f.read()[-12_000:]
-
-
-@pytest.fixture(scope="module")
-def browser():
-    from playwright.sync_api import sync_playwright
-
-    SHOTS.mkdir(exist_ok=True)
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield b
-        b.close()
 
 
 @pytest.fixture

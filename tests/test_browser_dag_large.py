@@ -20,7 +20,6 @@ from tests.test_browser import (  # noqa: F401  (fixtures)
     _ink,
     _open,
     big_world,
-    browser,
     page,
     server,
 )

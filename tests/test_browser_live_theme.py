@@ -22,18 +22,14 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.chromium import CHROMIUM, SHOTS
 from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
 
 ROOT = Path(__file__).resolve().parent.parent
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update",
-                 "--disable-sync"]
 HANG_S = 600  # a page or a pull this long in coming is a hang, not a slow machine
 HANG_MS = HANG_S * 1000
-SHOTS = ROOT / "screenshots"
 STARTED: dict[str, str] = {}  # the live stream the race test started (for the greying test)
 
 if not Path(CHROMIUM).exists():
@@ -75,17 +71,6 @@ def server(landed_caches, tmp_path_factory):
     proc.terminate()
     proc.wait(timeout=60)
     log.close()
-
-
-@pytest.fixture(scope="module")
-def browser():
-    from playwright.sync_api import sync_playwright
-
-    SHOTS.mkdir(exist_ok=True)
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield b
-        b.close()
 
 
 def _tab(browser, scheme: str = "light"):

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-SLOW_FIXTURES = ("spark", "emulator_binary")
+SLOW_FIXTURES = ("spark", "emulator_binary", "browser")
 _SHIMMED = ("java", "emulator_main", "chromium", "chromium-browser")
 _LOG_ENVVAR = "CSI_TIER_GUARD_LOG"
 FORCE_ENVVAR = "CSI_TIER_GUARD"  # "1": tripwires in any run, whatever its -m
