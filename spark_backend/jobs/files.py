@@ -31,8 +31,10 @@ from spark_backend.model.errors import BadInput, InspectorError
 # Input bytes of one Spark job at most (see _windows); its results stay below the session's
 # spark.driver.maxResultSize (spark.session).
 JOB_BYTES = 256 * 1024 * 1024
-# What Spark's error says when a job's results are more than its driver takes back.
+# What Spark's error says when a job's results are more than its driver takes back, or more
+# than a task can pack in a local session's heap (the executor shares the driver's JVM).
 _RESULT_LIMIT = "spark.driver.maxResultSize"
+_HEAP = "java.lang.OutOfMemoryError"
 
 
 @dataclass
@@ -303,9 +305,9 @@ class _Reading:
                     self.bad += pc.sum(pc.equal(item.column("kind"), "bad")).as_py() or 0
                     yield item
             except Exception as e:
-                if _RESULT_LIMIT not in str(e):
+                if not (_RESULT_LIMIT in str(e) or _HEAP in str(e) or _one_big_piece(window)):
                     raise
-                raise _too_big(window, self.plan, fmt, str(e)) from e
+                raise _too_big(window, self.plan, fmt, e) from e
         check_unchanged(self.plan.files, self.read)
 
     def _part_read(self, marker: dict[str, Any]) -> None:
@@ -338,11 +340,23 @@ def _windows(tasks: list[list[Part]], most: int) -> Iterator[list[list[Part]]]:
         yield window
 
 
-def _too_big(window: list[list[Part]], plan: _Plan, fmt: str, error: str) -> InspectorError:
-    """Spark aborted a job whose results were more than its driver takes: one sentence naming
-    the largest piece of that job, its file and what to do."""
+def _one_big_piece(window: list[list[Part]]) -> bool:
+    """Whether the job read a piece larger than half a job's input: a file read whole. A task
+    of such a file in a local session can exhaust the JVM's heap it shares with the driver,
+    and the JVM then exits, so Spark's error may only say that it is gone."""
+    return any(p.end - p.start > JOB_BYTES // 2 for task in window for p in task)
+
+
+def _too_big(window: list[list[Part]], plan: _Plan, fmt: str,
+             e: Exception) -> InspectorError:
+    """Spark aborted a job whose results were more than its driver takes (or a task ran out of
+    its Java heap): one sentence naming the largest piece of that job, its file and what to
+    do."""
+    from spark_backend.spark.session import one_line
+
     part = max((p for task in window for p in task), key=lambda p: p.end - p.start)
     planned = next(f for f in plan.files if f.path == part.path)
+    error = str(e)
     limit = re.search(r"spark\.driver\.maxResultSize \(([^)]*)\)", error)
     if len(planned.parts) > 1:
         whole = f"read in parts of up to {_mb(part.end - part.start)}"
@@ -350,9 +364,12 @@ def _too_big(window: list[list[Part]], plan: _Plan, fmt: str, error: str) -> Ins
         whole = f"read in one piece (a compressed {fmt} file is not read in parts)"
     else:
         whole = f"read in one piece ({fmt} files of this kind are not read in parts)"
+    held = (f"spark.driver.maxResultSize, {limit[1]}" if limit
+            else "Spark's Java heap ran out" if _HEAP in error
+            else f"Spark failed while taking them: {one_line(e)}")
     return InspectorError(
         f"{planned.named} ({_mb(planned.named_size)}) gives more rows at once than Spark's "
-        f"driver takes back (spark.driver.maxResultSize{', ' + limit[1] if limit else ''}): "
+        f"driver takes back ({held}): "
         f"it is {whole}; nothing of this import was kept. Split the file into smaller files "
         "(e.g. `split -l 1000000`), or give Spark's driver more memory and a larger "
         "spark.driver.maxResultSize ($CSI_SPARK_DRIVER_MEMORY, $CSI_SPARK_CONF).")
