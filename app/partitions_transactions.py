@@ -78,8 +78,11 @@ def lanes_figure(recs: pd.DataFrame, txid: str) -> go.Figure:
         title={"text": f"Transaction {html(short(txid, 24))}: its records across "
                        f"{len(order)} partitions", "font": {"size": 13}},
         xaxis={"title": "record, in commit order", "dtick": 1},
+        # the first row on top, with room above it for its records' labels (drawn above the
+        # markers, they were cut off by the plot's edge)
         yaxis={"title": "partition", "categoryorder": "array",
-               "categoryarray": [labels[p] for p in order], "autorange": "reversed"})
+               "categoryarray": [labels[p] for p in order],
+               "range": [len(order) - 0.5, -0.8]})
     return fig
 
 
