@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import logging
 import os
 import signal
 import sys
@@ -573,6 +574,8 @@ def _quiet_libraries() -> None:
     command started with)."""
     if _Said.stream is not None and sys.stderr is _Said.stream:
         sys.stderr = open(os.devnull, "w")  # the process ends with it open
+        # py4j logs the dropped gateway through logging, whose handler kept the old stream
+        logging.disable(logging.CRITICAL)
 
 
 def _descendants(pid: int) -> list[int]:
