@@ -10,11 +10,13 @@ Design:
   extension; a locked configuration) and the kernel's limits (address space, CPU seconds, no
   file written). A setting, a log or a checkpoint a query manages to change is the worker's
   own and ends with it; the worker's output never reaches the server's log.
-- **What is accepted,** by DuckDB's own parse (``duckdb.extract_statements``,
-  ``duckdb.tokenize``, ``json_serialize_sql``): one statement, of type SELECT (WITH,
-  DESCRIBE, SHOW, SUMMARIZE, PIVOT, UNPIVOT, FROM-first and PRAGMA queries parse as SELECT), or
-  EXPLAIN [ANALYZE] of one; no table function that changes state (checkpoints, logging) or runs
-  other SQL. Files, URLs and extensions are refused by DuckDB itself, whatever the construct.
+- **What is accepted,** by DuckDB's own parse (``extract_statements`` on a locked-down
+  connection, ``duckdb.tokenize``, the function catalogue): one statement, of type SELECT
+  (WITH, DESCRIBE, SHOW, SUMMARIZE, PIVOT, UNPIVOT and FROM-first queries parse as SELECT), or
+  EXPLAIN [ANALYZE] of one; table functions and PRAGMAs only from the lists of those that read
+  (``READ_TABLE_FUNCTIONS``, ``READ_PRAGMAS``), so one a DuckDB release adds is refused until
+  someone reads what it does. Files, URLs and extensions are refused by DuckDB itself,
+  whatever the construct.
 - **Bounds,** each with its own sentence: wall-clock time (the worker is killed at the
   deadline), memory (``RLIMIT_AS``, DuckDB's ``memory_limit`` within it), rows and result bytes.
 - The connection the dashboard hands over must itself be locked down (``REQUIRED_SETTINGS``);
@@ -23,11 +25,10 @@ Design:
 
 from __future__ import annotations
 
-import json
+import functools
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import duckdb
 import pandas as pd
@@ -48,12 +49,25 @@ REQUIRED_SETTINGS = {
     "lock_configuration": True,
 }
 ACCEPTED = "use SELECT, WITH, DESCRIBE, SHOW, SUMMARIZE, PIVOT or EXPLAIN"
-# Table functions that change state (checkpoints, logging) or run SQL of their own; any
-# other built-in one only reads (those that read files are refused by DuckDB itself).
-STATEFUL_FUNCTIONS = frozenset({
-    "checkpoint", "force_checkpoint", "enable_logging", "disable_logging",
-    "truncate_duckdb_logs", "copy_database", "json_execute_serialized_sql", "query",
-    "query_table", "python_map_function", "pandas_scan", "arrow_scan", "arrow_scan_dumb",
+# The table functions (and table macros) a query may call: each reads the cache's own tables
+# or catalogue, or makes rows. Any other one (checkpoints, logging, profiling, SQL of its own,
+# objects of the calling process, files) is refused before the query runs.
+READ_TABLE_FUNCTIONS = frozenset({
+    "range", "generate_series", "unnest", "repeat", "repeat_row", "json_each", "json_tree",
+    "summary", "histogram", "histogram_values", "test_all_types", "icu_calendar_names",
+    "pg_timezone_names", "duckdb_columns", "duckdb_constraints", "duckdb_databases",
+    "duckdb_dependencies", "duckdb_functions", "duckdb_indexes", "duckdb_keywords",
+    "duckdb_memory", "duckdb_optimizers", "duckdb_schemas", "duckdb_sequences",
+    "duckdb_settings", "duckdb_tables", "duckdb_temporary_files", "duckdb_types",
+    "duckdb_views", "pragma_collations", "pragma_database_size", "pragma_metadata_info",
+    "pragma_platform", "pragma_show", "pragma_storage_info", "pragma_table_info",
+    "pragma_version",
+})
+# The PRAGMAs that DuckDB answers with a query of the catalogue.
+READ_PRAGMAS = frozenset({
+    "database_list", "database_size", "show_tables", "show_tables_expanded", "show_databases",
+    "table_info", "storage_info", "collations", "version", "platform", "functions",
+    "metadata_info",
 })
 # What DuckDB's statement types are called in a refusal, where the type hides the keyword.
 _KIND_WORDS = {
@@ -142,10 +156,7 @@ def check(sql: str) -> str:
     if kind != duckdb.StatementType.SELECT:
         raise Refused(f"The console is read-only: {_KIND_WORDS.get(kind, kind.name)} "
                       f"statements are refused; {ACCEPTED}.")
-    stateful = [f"{n}()" for n in _table_functions(query) if n.lower() in STATEFUL_FUNCTIONS]
-    if stateful:
-        raise Refused(f"The console only reads: {', '.join(stateful)} changes the database's "
-                      f"state or runs other SQL, and is refused; {ACCEPTED}.")
+    _check_functions(text)
     return text
 
 
@@ -183,8 +194,12 @@ def run(con: duckdb.DuckDBPyConnection, sql: str, max_rows: int = MAX_ROWS,
 
 
 def _parse(text: str) -> list:
+    """DuckDB's statements of ``text``, parsed on a locked-down connection of its own: a PRAGMA
+    is expanded while it is parsed (``import_database`` reads files), so the parse itself must
+    not reach a file."""
     try:
-        return duckdb.extract_statements(text)
+        with duckdb.connect(":memory:", config=dict(REQUIRED_SETTINGS)) as parser:
+            return parser.extract_statements(text)
     except duckdb.Error as e:
         raise Refused(f"The query does not parse: {_first_line(e)}") from e
 
@@ -216,23 +231,67 @@ def _explained(text: str) -> str:
     return ""
 
 
-def _table_functions(text: str) -> list[str]:
-    """The table functions a SELECT calls, by DuckDB's own parse (none if it cannot say)."""
-    names = []
-    for node in _nodes(_tree(text)):
-        if node.get("type") == "TABLE_FUNCTION":
-            name = str((node.get("function") or {}).get("function_name", ""))
-            if name and name not in names:
-                names.append(name)
+def _check_functions(text: str) -> None:
+    """Refuse a PRAGMA or a table function that is not known to only read."""
+    tokens = _tokens(text)
+    if tokens and tokens[0][1].upper() == "PRAGMA":
+        name = tokens[1][1].lower() if len(tokens) > 1 else ""
+        if name not in READ_PRAGMAS:
+            raise Refused(f"The console only reads: PRAGMA {name} is refused; the PRAGMAs it "
+                          f"runs are {', '.join(sorted(READ_PRAGMAS))}.")
+    tables = _table_function_names()
+    called = [n for n in _called(tokens) if n in tables and n not in READ_TABLE_FUNCTIONS]
+    files = [f"{n}()" for n in called if _FILE_FUNCTION.match(n)]
+    if files:
+        raise Refused(f"The console reads only the cache's own tables; {', '.join(files)} "
+                      "reads files, URLs or other databases, which are not available here.")
+    if called:
+        raise Refused(f"The console only reads: {', '.join(f'{n}()' for n in called)} is not "
+                      "one of the table functions it runs (those that read the cache or its "
+                      f"catalogue, such as range() or duckdb_tables()); {ACCEPTED}.")
+
+
+def _tokens(text: str) -> list[tuple[duckdb.token_type, str]]:
+    """DuckDB's tokens of ``text`` as (type, text), comments left out."""
+    spans = duckdb.tokenize(text)
+    ends = [p for p, _ in spans[1:]] + [len(text)]
+    return [(kind, _word(text[pos:end])) for (pos, kind), end in zip(spans, ends, strict=True)
+            if kind != duckdb.token_type.comment]
+
+
+def _word(span: str) -> str:
+    """A token's own text: the span up to the next token, less the blanks and comments that
+    the tokenizer skips after it."""
+    if span.startswith('"'):
+        end = 1
+        while end < len(span):
+            if span[end] == '"' and span[end + 1:end + 2] != '"':
+                return span[:end + 1]
+            end += 2 if span[end] == '"' else 1
+        return span
+    cut = min((i for i in (span.find("/*"), span.find("--")) if i > 0), default=len(span))
+    return span[:cut].split(None, 1)[0] if span[:cut].strip() else span.strip()
+
+
+def _called(tokens: list[tuple[duckdb.token_type, str]]) -> list[str]:
+    """The names written as calls (a name followed by an opening parenthesis), unquoted and in
+    lower case, each once."""
+    names: list[str] = []
+    for (kind, word), (_, after) in zip(tokens, tokens[1:]):
+        if kind in (duckdb.token_type.identifier, duckdb.token_type.keyword) and after == "(":
+            name = word[1:-1].replace('""', '"') if word.startswith('"') else word
+            if name.lower() not in names:
+                names.append(name.lower())
     return names
 
 
-def _tree(text: str) -> Any:
-    try:
-        with duckdb.connect(":memory:", config=dict(REQUIRED_SETTINGS)) as parser:
-            return json.loads(parser.execute("SELECT json_serialize_sql(?)", [text]).fetchone()[0])
-    except (duckdb.Error, TypeError, ValueError):
-        return {}
+@functools.cache
+def _table_function_names() -> frozenset[str]:
+    """Every table function and table macro DuckDB has built in, by DuckDB's catalogue."""
+    with duckdb.connect(":memory:", config=dict(REQUIRED_SETTINGS)) as con:
+        return frozenset(n for (n,) in con.execute(
+            "SELECT DISTINCT lower(function_name) FROM duckdb_functions() "
+            "WHERE function_type IN ('table', 'table_macro')").fetchall())
 
 
 def _refusal(outcome: console_process.Outcome, text: str,
@@ -305,26 +364,7 @@ def _explain(e: duckdb.Error, text: str) -> Refused:
 
 def _file_functions(text: str) -> list[str]:
     """Functions in the query that read outside the cache, by name (for the sentence)."""
-    names = []
-    for node in _nodes(_tree(text)):
-        name = ""
-        if node.get("type") == "TABLE_FUNCTION":
-            name = str((node.get("function") or {}).get("function_name", ""))
-        elif node.get("class") == "FUNCTION":
-            name = str(node.get("function_name", ""))
-        if name and _FILE_FUNCTION.match(name.lower()) and f"{name}()" not in names:
-            names.append(f"{name}()")
-    return names
-
-
-def _nodes(value: Any):
-    if isinstance(value, dict):
-        yield value
-        for child in value.values():
-            yield from _nodes(child)
-    elif isinstance(value, list):
-        for child in value:
-            yield from _nodes(child)
+    return [f"{n}()" for n in _called(_tokens(text)) if _FILE_FUNCTION.match(n)]
 
 
 def _first_line(e: BaseException) -> str:

@@ -40,6 +40,7 @@ def outside(tmp_path_factory) -> dict[str, str]:
     (d / "t.csv").write_text(f"a,b\n1,{SECRET}\n")
     (d / "t.jsonl").write_text(json.dumps({"a": SECRET}) + "\n")
     (d / "t.txt").write_text(SECRET)
+    (d / "schema.sql").write_text(f"SELECT '{SECRET}' AS a;")
     with duckdb.connect(str(d / "one.duckdb")) as con:
         con.execute("CREATE TABLE t AS SELECT ? AS a", [SECRET])
     return {"csv": str(d / "t.csv"), "jsonl": str(d / "t.jsonl"), "txt": str(d / "t.txt"),
@@ -107,6 +108,19 @@ ESCAPES = [
     "DETACH c",
     "USE memory",
     "SELECT 1; SELECT * FROM '{csv}'",
+    # statements DuckDB cannot serialise (PIVOT, PRAGMA) and names written to hide a call
+    "PIVOT (SELECT * FROM enable_logging(storage='file', storage_path='{dir}/log')) "
+    "ON x USING count(*)",
+    "EXPLAIN PIVOT (SELECT * FROM checkpoint()) ON x USING count(*)",
+    "PIVOT (SELECT * FROM read_csv('{csv}')) ON a USING count(*)",
+    "SELECT * FROM enable_profiling()",
+    "SELECT * FROM system.main.force_checkpoint /* hidden */ ()",
+    'SELECT * FROM "Checkpoint"()',
+    "SELECT * FROM checkpoint -- hidden\n()",
+    "PRAGMA import_database('{dir}')",
+    "PRAGMA all_profiling_output",
+    "PRAGMA force_checkpoint",
+    "PRAGMA enable_profiling",
 ]
 
 
@@ -119,9 +133,11 @@ def test_nothing_outside_the_cache_is_reachable(cache, outside, template):
     message = str(refused.value)
     assert "\n" not in message and SECRET not in message
     assert "Traceback" not in message and "INTERNAL" not in message.upper()
+    assert "worker process" not in message  # refused, not run until it crashed
     assert counts(cache) == before
     assert not (Path(outside["dir"]) / "out.csv").exists()
     assert not (Path(outside["dir"]) / "export").exists()
+    assert not (Path(outside["dir"]) / "log").exists()
 
 
 def test_refusals_name_what_was_wrong(cache, outside):
@@ -136,6 +152,9 @@ def test_refusals_name_what_was_wrong(cache, outside):
         "CALL pragma_table_info('partitions')": "CALL",
         "SELEC 1": "does not parse",
         "SELECT * FROM no_such_table": "no_such_table",
+        "SELECT * FROM enable_profiling()": "enable_profiling() is not one of",
+        "PIVOT (SELECT * FROM disable_logging()) ON x USING count(*)": "disable_logging()",
+        "PRAGMA all_profiling_output": "PRAGMA all_profiling_output is refused",
         "": "Write a query",
     }
     for sql, why in cases.items():
