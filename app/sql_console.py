@@ -246,9 +246,9 @@ def _check_functions(text: str) -> None:
         raise Refused(f"The console reads only the cache's own tables; {', '.join(files)} "
                       "reads files, URLs or other databases, which are not available here.")
     if called:
-        raise Refused(f"The console only reads: {', '.join(f'{n}()' for n in called)} is not "
-                      "one of the table functions it runs (those that read the cache or its "
-                      f"catalogue, such as range() or duckdb_tables()); {ACCEPTED}.")
+        raise Refused(f"The console only reads: {', '.join(f'{n}()' for n in called)} is "
+                      "refused, as every table function but those that read the cache or its "
+                      f"catalogue (such as range() or duckdb_tables()); {ACCEPTED}.")
 
 
 def _tokens(text: str) -> list[tuple[duckdb.token_type, str]]:

@@ -152,7 +152,7 @@ def test_refusals_name_what_was_wrong(cache, outside):
         "CALL pragma_table_info('partitions')": "CALL",
         "SELEC 1": "does not parse",
         "SELECT * FROM no_such_table": "no_such_table",
-        "SELECT * FROM enable_profiling()": "enable_profiling() is not one of",
+        "SELECT * FROM enable_profiling()": "enable_profiling() is refused",
         "PIVOT (SELECT * FROM disable_logging()) ON x USING count(*)": "disable_logging()",
         "PRAGMA all_profiling_output": "PRAGMA all_profiling_output is refused",
         "": "Write a query",
