@@ -84,33 +84,41 @@ _MISSING_TABLE = re.compile(r"Table with name (.+?) does not exist")
 _EXTENSION = re.compile(r'(\w+ with name "?[^"]+"?) is not in the catalog, but it exists in '
                         r"the (\w+) extension")
 
-EXAMPLES: dict[str, str] = {
-    "Partitions by state": "SELECT state, count(*) AS partitions\nFROM partitions\nGROUP BY state",
-    "Splits and merges": (
-        "SELECT parent, count(*) AS children\nFROM edges\nWHERE parent IS NOT NULL\n"
-        "GROUP BY parent HAVING count(*) > 1\nORDER BY children DESC"
-    ),
-    "Busiest tables": (
-        "SELECT table_name, mod_type, count(*) AS records, sum(mod_count) AS mods\n"
-        "FROM data_change_records\nGROUP BY ALL\nORDER BY records DESC"
-    ),
-    "Transactions over several partitions": (
-        "SELECT server_transaction_id, count(DISTINCT partition_token) AS partitions,\n"
-        "       count(*) AS records, max(number_of_records_in_transaction) AS expected\n"
-        "FROM data_change_records\nGROUP BY ALL\nHAVING count(DISTINCT partition_token) > 1\n"
-        "ORDER BY partitions DESC\nLIMIT 20"
-    ),
-    "Longest heartbeat silences": (
-        "WITH m AS (\n  SELECT partition_token, ts,\n"
-        "         ts - lag(ts) OVER (PARTITION BY partition_token ORDER BY ts) AS gap\n"
-        "  FROM progress_marks)\nSELECT * FROM m WHERE gap IS NOT NULL\nORDER BY gap DESC\n"
-        "LIMIT 10"
-    ),
-    "Partition states per stream (PIVOT)": (
-        "PIVOT (SELECT stream, state FROM partitions)\nON state USING count(*)"
-    ),
-    "Describe a table": "DESCRIBE data_change_records",
-}
+
+def examples(stream: str) -> dict[str, str]:
+    """Example queries on ``stream`` (the one the sidebar names), by title; each runs."""
+    one = "'" + stream.replace("'", "''") + "'"
+    return {
+        "Partitions by state": (
+            f"SELECT state, count(*) AS partitions\nFROM partitions\nWHERE stream = {one}\n"
+            "GROUP BY state"),
+        "Splits and merges": (
+            f"SELECT parent, count(*) AS children\nFROM edges\nWHERE stream = {one}\n"
+            "  AND parent IS NOT NULL\nGROUP BY parent HAVING count(*) > 1\n"
+            "ORDER BY children DESC"),
+        "Busiest tables": (
+            "SELECT table_name, mod_type, count(*) AS records, sum(mod_count) AS mods\n"
+            f"FROM data_change_records\nWHERE stream = {one}\nGROUP BY ALL\n"
+            "ORDER BY records DESC"),
+        "Transactions over several partitions": (
+            "SELECT server_transaction_id, count(DISTINCT partition_token) AS partitions,\n"
+            "       count(*) AS records, max(number_of_records_in_transaction) AS expected\n"
+            f"FROM data_change_records\nWHERE stream = {one}\nGROUP BY ALL\n"
+            "HAVING count(DISTINCT partition_token) > 1\nORDER BY partitions DESC\nLIMIT 20"),
+        "Longest heartbeat silences": (
+            "WITH m AS (\n  SELECT partition_token, ts,\n"
+            "         ts - lag(ts) OVER (PARTITION BY partition_token ORDER BY ts) AS gap\n"
+            f"  FROM progress_marks\n  WHERE stream = {one})\n"
+            "SELECT * FROM m WHERE gap IS NOT NULL\nORDER BY gap DESC\nLIMIT 10"),
+        "Partition states in one row (PIVOT)": (
+            f"PIVOT (SELECT state FROM partitions WHERE stream = {one})\n"
+            "ON state USING count(*)"),
+        "Every stream in the cache": (
+            "SELECT s.stream, s.system, count(p.token) AS partitions\n"
+            "FROM streams s LEFT JOIN partitions p USING (stream)\nGROUP BY ALL\n"
+            "ORDER BY s.stream"),
+        "Describe a table": "DESCRIBE data_change_records",
+    }
 
 
 class Refused(ValueError):

@@ -18,13 +18,15 @@ with side:
             st.caption(cols["about"].iloc[0])
             st.dataframe(cols[["column", "type"]], hide_index=True, width="stretch")
 with main:
-    example = st.selectbox("Examples", ["(write your own)", *sql_console.EXAMPLES], key="sql_ex")
-    default = sql_console.EXAMPLES.get(example, "SELECT * FROM partitions LIMIT 20")
+    examples = sql_console.examples(c.stream)
+    example = st.selectbox(f"Examples (on {c.stream})", ["(write your own)", *examples],
+                           key="sql_ex")
+    default = examples.get(example, "SELECT * FROM partitions LIMIT 20")
     sql = st.text_area("Query (read-only: SELECT, WITH, DESCRIBE, SHOW, SUMMARIZE, PIVOT, EXPLAIN; "
                        f"at most {sql_console.MAX_SECONDS:g} s, "
                        f"{sql_console.MAX_MEMORY_BYTES >> 20:,} MB of memory and "
                        f"{sql_console.MAX_RESULT_BYTES >> 20:,} MB of answer)",
-                       value=default, height=180, key=f"sql_text_{example}")
+                       value=default, height=180, key=f"sql_text_{example}_{c.stream}")
     if st.button("Run", type="primary", key="sql_run") or example != "(write your own)":
         with resources.cursor(c.path) as con:
             try:

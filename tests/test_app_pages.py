@@ -193,6 +193,8 @@ def test_sql_console_runs_and_refuses(demo_cache):
     at.selectbox(key="sql_ex").set_value("Partitions by state").run()
     states = frames(at)[0]
     assert set(states["state"]) <= {"open", "finished", "pending", "incomplete"}
+    shown = [t for t in at.text_area if t.key.startswith("sql_text")][0].value
+    assert "WHERE stream = 'DemoStream'" in shown, shown
     at.selectbox(key="sql_ex").set_value("(write your own)").run()
     text = [t for t in at.text_area if t.key.startswith("sql_text")][0]
     text.set_value("DROP TABLE partitions").run()
@@ -205,7 +207,8 @@ def test_sql_console_runs_and_refuses(demo_cache):
 
 def test_sql_console_accepts_plain_queries(small_cache):
     with Cache(small_cache) as cache:
-        for sql in [*sql_console.EXAMPLES.values(), "SHOW TABLES", "SUMMARIZE edges",
+        examples = sql_console.examples(cache.streams()[0])
+        for sql in [*examples.values(), "SHOW TABLES", "SUMMARIZE edges",
                     "EXPLAIN SELECT * FROM partitions", "FROM streams"]:
             assert len(sql_console.run(cache.cursor(), sql).frame) > 0, sql
 

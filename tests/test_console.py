@@ -4,6 +4,7 @@ and valid analytical SQL (PIVOT, windows, EXPLAIN) runs."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -206,9 +207,29 @@ def test_valid_analytical_sql_runs(cache, sql):
     assert len(result.frame) > 0
 
 
-def test_every_example_runs(cache):
-    for name, sql in sql_console.EXAMPLES.items():
-        assert len(sql_console.run(cache.cursor(), sql).frame) > 0, name
+@pytest.fixture(scope="module")
+def two_streams(tmp_path_factory):
+    """A cache of two streams of different sizes; the second's name has a dot and a dash."""
+    path = tmp_path_factory.mktemp("console-two") / "c.duckdb"
+    with Cache(path) as c:
+        land_world(c, build_world(7, 0.2))
+        land_world(c, dataclasses.replace(build_world(8, 0.1), stream="Orders.v2-eu"))
+    c = Cache(path)
+    yield c
+    c.close()
+
+
+def test_every_example_runs_on_the_stream_it_names(two_streams):
+    streams = two_streams.streams()
+    assert len(streams) == 2
+    for stream in streams:
+        for name, sql in sql_console.examples(stream).items():
+            assert len(sql_console.run(two_streams.cursor(), sql).frame) > 0, (stream, name)
+        by_state = sql_console.run(two_streams.cursor(),
+                                   sql_console.examples(stream)["Partitions by state"]).frame
+        assert int(by_state["partitions"].sum()) == two_streams.partition_count(stream)
+    counts = {s: two_streams.partition_count(s) for s in streams}
+    assert len(set(counts.values())) == 2, counts
 
 
 def test_pivot_counts_partitions_by_state(cache):
