@@ -3,7 +3,7 @@
 import streamlit as st
 
 from app import figures, nav, overview_view, resources, state, widgets
-from app.formatting import clock, range_clip_note, to_datetime
+from app.formatting import range_clip_note, to_datetime
 from app.safe import md
 
 c = widgets.need_stream()
@@ -36,13 +36,7 @@ now = (resources.current_state(c.path, c.version, c.stream, c.start_ns, c.end_ns
 holder = now["holder"] if now and now["lag_s"] > c.stall_s else None
 found = (resources.stalls(c.path, c.version, c.stream, c.stall_s, c.start_ns, c.end_ns)
          if beats else [])
-notes, spans = {}, []
-if found:
-    w = found[0]
-    until = w["until_ns"] or w["last_ns"]
-    notes[w["partition"]] = (f"silent {clock(w['since_ns'])}–"
-                             + ("now" if w["ongoing"] else f"{clock(until)} UTC"))
-    spans.append((w["partition"], w["since_ns"], until))
+notes, spans = figures.stall_marks(found)
 
 kinds = edges["kind"].value_counts()
 st.caption(f"{len(nodes):,} partitions on {int(nodes['lane'].max()) + 1 if len(nodes) else 0} "

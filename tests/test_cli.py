@@ -10,6 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from spark_backend.analysis import figures, stalls
+from spark_backend.analysis.display import short
+from spark_backend.cache.store import Cache
 from spark_backend.cli import main
 from tests.support.demo_cache import DEMO_SEED
 
@@ -325,3 +328,19 @@ def test_a_cache_on_a_read_only_file_system(demo_cache, tmp_path):
     assert (code, out.strip()) == (0, "4000000"), err[-1000:]
     # Nothing was written under the mount: the files are as they were.
     assert {p.name: p.read_bytes() for p in shelf.iterdir()} == before
+
+
+def test_the_html_reports_dag_labels_the_worst_stall_as_the_dag_page_does(demo_cache, tmp_path):
+    out = tmp_path / "r.html"
+    code = main(["report", "--cache", str(demo_cache), "--html", str(out)])
+    assert code == 0
+    with Cache(demo_cache, read_only=True) as cache:
+        found = stalls.stalls(cache.con, "DemoStream", 60.0,
+                              stalls.watermark_replay(cache.con, "DemoStream",
+                                                      stalls.DEFAULT_POINTS))
+    assert found, "the demo world has a stall"
+    notes, spans = figures.stall_marks(found)
+    (token, note), = notes.items()
+    assert note.startswith("silent ") and spans[0][0] == found[0]["partition"] == token
+    page = out.read_text()
+    assert f"{short(token, 10)} ({note})" in page

@@ -18,7 +18,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from .dag_layout import EDGE_KINDS, KEY_RANGE_MOVE, STATUSES
-from .display import html, ns_column, parents_text, short, timestamp, to_datetime
+from .display import clock, html, ns_column, parents_text, short, timestamp, to_datetime
 
 STATUS_COLOUR = {"finished": "#9aa0a6", "open": "#1e8e3e", "stalled": "#d93025",
                  "incomplete": "#f29900", "holding back": "#d93025"}
@@ -66,6 +66,17 @@ _DAG_HOVER = ("<b>%{customdata[1]}</b><br>state: %{customdata[8]}<br>parents: %{
               "<br>start: %{customdata[3]}<br>end: %{customdata[4]}"
               "<br>watermark: %{customdata[5]}<br>data change records: %{customdata[6]}"
               "<br>heartbeats: %{customdata[7]}<extra></extra>")
+
+
+def stall_marks(found: Sequence[dict]) -> tuple[dict[str, str], list[tuple[str, int, int]]]:
+    """``notes`` and ``spans`` for ``dag_figure``: the worst of ``found`` (stalls, worst first)
+    labelled with when it was silent and its silence drawn on its bar; none without a stall."""
+    if not found:
+        return {}, []
+    w = found[0]
+    until = w["until_ns"] or w["last_ns"]
+    note = f"silent {clock(w['since_ns'])}–" + ("now" if w["ongoing"] else f"{clock(until)} UTC")
+    return {w["partition"]: note}, [(w["partition"], w["since_ns"], until)]
 
 
 def dag_figure(nodes: pd.DataFrame, segments: pd.DataFrame, highlight: Sequence[str] = (),
