@@ -91,7 +91,8 @@ def anomalies_box(v: overview_view.View) -> None:
         return
     table = pd.DataFrame(v.anomalies)
     st.dataframe(table, hide_index=True, width="stretch",
-                 column_config={"detail": st.column_config.TextColumn(width="large")})
+                 column_config={"detail": st.column_config.TextColumn(width="large"),
+                                "partition": st.column_config.TextColumn(width="small")})
     by_partition = {f["partition"]: f for f in v.found}
     for kind, n in table["kind"].value_counts().sort_index().items():
         target = widgets.ANOMALY_PAGES.get(kind, "records")

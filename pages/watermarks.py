@@ -122,7 +122,8 @@ with left:
         st.success(f"No open partition lagged more than {threshold:g}s at {clock(at)} UTC.")
     else:
         st.dataframe(stalled.assign(watermark=ns_column(stalled["watermark_ns"]))
-                     [["partition", "lag_s", "watermark"]], hide_index=True, width="stretch")
+                     [["partition", "lag_s", "watermark"]], hide_index=True, width="stretch",
+                     column_config={"partition": st.column_config.TextColumn(width="small")})
     gaps = resources.heartbeat_gaps(c.path, c.version, c.stream, 3.0)
     st.subheader(f"Heartbeat gaps ({len(gaps)})")
     st.caption("Two consecutive progress marks of a partition more than 3 × the heartbeat "
