@@ -755,8 +755,16 @@ def _sentence(error: Exception, args) -> str:
         from spark_backend.cache.store import cache_failure
 
         return cache_failure(args.cache, error)
+    if isinstance(error, OSError) and error.strerror:
+        where = f" {error.filename}" if error.filename else ""
+        return (f"the {args.command} could not use{where}: {error.strerror}; check that the "
+                "path exists and that this user may read (or write) it")
+    if isinstance(error, MemoryError):
+        return (f"the {args.command} ran out of memory; narrow it (--start/--end, --stream) or "
+                "run it where more memory is free")
     first = (str(error).splitlines() or [""])[0]
-    return f"unexpected {type(error).__name__}: {first}"
+    return (f"the {args.command} stopped on an error this tool has no sentence for "
+            f"({type(error).__name__}: {first}); please report it with the command line")
 
 
 if __name__ == "__main__":

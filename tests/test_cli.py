@@ -6,10 +6,12 @@ import json
 import os
 import subprocess
 import sys
+from argparse import Namespace
 from pathlib import Path
 
 import pytest
 
+from spark_backend import cli
 from spark_backend.analysis import figures, stalls
 from spark_backend.analysis.display import short
 from spark_backend.cache.store import Cache
@@ -344,3 +346,14 @@ def test_the_html_reports_dag_labels_the_worst_stall_as_the_dag_page_does(demo_c
     assert note.startswith("silent ") and spans[0][0] == found[0]["partition"] == token
     page = out.read_text()
     assert f"{short(token, 10)} ({note})" in page
+
+
+@pytest.mark.parametrize("error, said", [
+    (PermissionError(13, "Permission denied", "/srv/x.duckdb"),
+     "the report could not use /srv/x.duckdb: Permission denied"),
+    (MemoryError(), "the report ran out of memory"),
+    (RuntimeError("boom\nsecond line"), "no sentence for (RuntimeError: boom)"),
+])
+def test_an_error_without_its_own_sentence_is_still_one_plain_sentence(error, said):
+    line = cli._sentence(error, Namespace(command="report", cache="c.duckdb"))
+    assert said in line and "\n" not in line and "unexpected" not in line

@@ -565,7 +565,9 @@ def run_pull(
         except Exception as e:  # Spark or the source failed in a way we did not foresee
             result.status = "failed"
             first = (str(e).splitlines() or [""])[0]
-            result.error = f"The pull failed: {type(e).__name__}: {first}"
+            result.error = (f"The pull stopped on an error this tool has no sentence for "
+                            f"({type(e).__name__}: {first}); the partitions read so far are "
+                            "kept, and the next pull resumes from them.")
         try:
             report(PullProgress(result.waves, result.partitions_read,
                                 cache.partition_count(stream), result.records,
