@@ -9,7 +9,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from spark_backend.cache.store import Cache, validate_cache_stream_name
+import duckdb
+
+from spark_backend.cache.store import Cache, cache_failure, validate_cache_stream_name
 from spark_backend.model import config
 from spark_backend.model.errors import CacheError, InspectorError
 from spark_backend.model.timestamps import TimestampError, now_ns, parse_ns
@@ -200,6 +202,12 @@ def pull(cache: Cache, form: PullForm, on_progress: Callable[[Any], None],
         res = backend.run_pull(cache, request, on_progress)
     except (InspectorError, ValueError) as e:  # ValueError: a contract's own validation
         return Outcome(False, str(e), error_field(e, form))
+    except duckdb.Error as e:  # the cache file, as the command line says it
+        return Outcome(False, cache_failure(cache.path, e), GENERAL)
+    except OSError as e:
+        where = f" {e.filename}" if e.filename else ""
+        return Outcome(False, f"Could not use{where}: {e.strerror or e}; check that the path "
+                              "exists and that the dashboard's user may read it.", GENERAL)
     if res.status == "failed":
         return Outcome(False, res.error or "The pull failed.", field_for(res.error or "", form),
                        stream=res.stream)

@@ -11,6 +11,7 @@ import re
 import sys
 from pathlib import Path
 
+import duckdb
 import pytest
 from streamlit.testing.v1 import AppTest
 
@@ -19,6 +20,7 @@ from app import pulling, queries, samples, sql_console
 from app.formatting import short
 from spark_backend import analysis
 from spark_backend.cache.store import Cache
+from spark_backend.jobs import files
 from spark_backend.model.errors import BadInput
 from tests.support.demo_cache import DEMO_SCALE, DEMO_SEED, demo_world
 
@@ -475,3 +477,20 @@ def test_cloud_spanner_form_needs_no_dialect():
     assert pulling.request_for(form).dialect is None  # asked from the database by the pull
     form.dialect = "postgresql"
     assert pulling.request_for(form).dialect == "postgresql"
+
+
+@pytest.mark.parametrize("error, said", [
+    (duckdb.IOException("IO Error: No space left on device"), "is full"),
+    (PermissionError(13, "Permission denied", "/srv/in/x.jsonl"),
+     "Could not use /srv/in/x.jsonl: Permission denied"),
+])
+def test_an_import_that_fails_below_the_page_answers_in_a_sentence(tmp_path, monkeypatch,
+                                                                   error, said):
+    def fail(*args, **kwargs):
+        raise error
+
+    monkeypatch.setattr(files, "import_files", fail)
+    form = pulling.PullForm(source="files", stream="S", file_format="datastream")
+    with Cache(tmp_path / "c.duckdb") as cache:
+        outcome = pulling.pull(cache, form, lambda p: None)
+    assert not outcome.ok and said in outcome.message and "\n" not in outcome.message
