@@ -66,11 +66,17 @@ def refusal(shown: str, root: Path | None) -> str:
             "give files or folders under it, or upload the files.")
 
 
-def _under(root: Path, path: Path) -> bool:
+def _under(root: Path, path: Path, shown: str) -> bool:
+    """Whether ``path``, its links followed, is under ``root``; ``BadInput`` for a path that
+    cannot be followed (a loop of links, a NUL byte), naming it as ``shown``."""
     try:
         return path.resolve().is_relative_to(root)
-    except (OSError, ValueError, RuntimeError):  # a NUL byte, a loop of links
-        return False
+    except RuntimeError as e:  # Path.resolve's "Symlink loop"
+        raise BadInput(f"{shown} is a loop of symbolic links ({e}); give the file itself, or "
+                       "a link that ends at one.", field="paths") from e
+    except (OSError, ValueError) as e:
+        raise BadInput(f"{shown!r} cannot be followed to a file ({e}); give the path of a "
+                       "file or folder under the import folder.", field="paths") from e
 
 
 def checked_paths(lines: Iterable[str]) -> list[str]:
@@ -83,19 +89,23 @@ def checked_paths(lines: Iterable[str]) -> list[str]:
     targets = []
     for line in given:
         target = root / line if root is not None else Path(line)
-        if root is None or not _under(root, target):
+        if root is None or not _under(root, target, line):
             raise BadInput(refusal(line, root), field="paths")
         targets.append(target.resolve())
     if not targets:
         return []
     files, other = scan_paths([str(t) for t in targets])  # BadInput when a path is missing
     checked = []
-    for path in [*files, *(Path(where) for where, _ in other)]:
-        if not _under(root, path):
+    for path in files:
+        if not _under(root, path, _shown(root, path)):
             raise BadInput(refusal(_shown(root, path), root), field="paths")
-        # Not-regular entries (pipes, broken links) go as given: the import quarantines them
-        # with their reason.
-        checked.append(str(path.resolve() if path.is_file() else path))
+        checked.append(str(path.resolve()))
+    # Not-regular entries (pipes, broken links, loops of links) go as given: the import
+    # quarantines them with their reason. Each was listed in a folder, checked here.
+    for path in (Path(where) for where, _ in other):
+        if not _under(root, path.parent, _shown(root, path.parent)):
+            raise BadInput(refusal(_shown(root, path), root), field="paths")
+        checked.append(str(path))
     return checked
 
 
@@ -178,8 +188,11 @@ def cache_choice(typed: str, current: str) -> tuple[str, str | None]:
         return current, None
     folder = startup_cache().resolve().parent
     target = folder / typed
-    if _under(folder, target):
-        return str(target.resolve()), None
+    try:
+        if _under(folder, target, typed):
+            return str(target.resolve()), None
+    except BadInput as e:
+        return current, f"{e} Still showing {current}."
     return current, (f"{typed} is not opened: cache files are opened only in the start-up "
                      f"cache's folder {folder} (${CACHE_ENVVAR} names the start-up cache); "
                      f"still showing {current}.")

@@ -158,8 +158,24 @@ def test_paths_under_the_folder_are_resolved_and_expanded(tree, monkeypatch):
     with pytest.raises(BadInput, match="does not exist") as missing:
         import_roots.checked_paths(["nope.ndjson"])
     assert missing.value.field == "paths"
-    with pytest.raises(BadInput, match="is not under the import folder"):
+    with pytest.raises(BadInput, match="cannot be followed to a file"):
         import_roots.checked_paths(["a\x00b"])
+
+
+def test_a_loop_of_links_is_named_as_one(tree, monkeypatch):
+    monkeypatch.setenv(import_roots.IMPORT_ROOT_ENVVAR, str(tree["root"]))
+    root = tree["root"].resolve()
+    (root / "loops").mkdir()
+    (root / "loops" / "a.ndjson").symlink_to(root / "loops" / "b.ndjson")
+    (root / "loops" / "b.ndjson").symlink_to(root / "loops" / "a.ndjson")
+    (root / "loops" / "fine.ndjson").write_text("{}\n")
+    with pytest.raises(BadInput, match=r"^loops/a.ndjson is a loop of symbolic links") as loop:
+        import_roots.checked_paths(["loops/a.ndjson"])
+    assert loop.value.field == "paths" and "not under" not in str(loop.value)
+    # found in a folder, a loop goes as it is, for the import to quarantine with its reason
+    assert import_roots.checked_paths(["loops"]) == [
+        str(root / "loops" / "fine.ndjson"), str(root / "loops" / "a.ndjson"),
+        str(root / "loops" / "b.ndjson")]
 
 
 def test_uploads_live_in_a_private_folder_only_while_used(tmp_path):
