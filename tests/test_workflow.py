@@ -126,6 +126,29 @@ def test_merge_across_tasks_is_left_to_the_next_wave(tmp_path):
     cache.close()
 
 
+@pytest.mark.parametrize("split", [
+    [["child_token_1", "child_token_2"], ["child_token_3"]],
+    [["child_token_3"], ["child_token_1", "child_token_2"]],
+    [["child_token_1"], ["child_token_2"], ["child_token_3"]],
+    [["child_token_1", "child_token_2", "child_token_3"]],
+])
+def test_appointed_merges_read_each_child_once_by_its_first_parents_task(split):
+    """A whole-range read (no driver between tasks): the task of the merge child's least
+    parent token reads it, once, from the record's start, however the roots are dealt."""
+    sources = [FakeSource() for _ in split]
+    for source, roots in zip(sources, split, strict=True):
+        list(_Workflow(source.read, 2, True, appoint_merges=True).rows(
+            [(t, T0) for t in roots]))
+    reads = [(i, q) for i, src in enumerate(sources) for q in src.queries
+             if q[0] == "child_token_4"]
+    assert len(reads) == 1, reads
+    task, (_, start, finished_then) = reads[0]
+    assert "child_token_2" in split[task] and start == T_MERGE
+    assert "child_token_2" in finished_then
+    assert sorted(q[0] for src in sources for q in src.queries) == [
+        "child_token_1", "child_token_2", "child_token_3", "child_token_4"]
+
+
 def _ts(minute: int) -> str:
     return f"2022-05-01T09:{minute:02d}:00Z"
 

@@ -10,6 +10,13 @@ the same time, no task reads it: the driver reads it in the next wave, once ever
 ended (tasks share nothing but the network, so the hand-over goes through the results of the
 job). Either way every partition is read exactly once, after all its parents.
 
+With ``appoint_merges`` (a read of a whole range with no driver between tasks: the
+``spanner_change_stream`` data source given ``start`` and ``end``), a merge child is read by the
+task that read its first parent (the least token), as soon as that parent finished: the reference
+workflow's "appoint one parent". Every partition is still read exactly once; the child may be read
+while its other parents are still being read elsewhere, so rows of one key are ordered by their
+commit timestamps and record sequences, not by when they arrived.
+
 ``max_rows`` bounds what one task returns and ``max_seconds`` how long it reads: after that many
 rows or seconds, nothing new is started and each read stops at a new timestamp, ending with a
 ``partition_end`` row in state ``open`` at the last timestamp read in full (``stopped:
@@ -73,11 +80,14 @@ HAND_ON_ROWS = 16
 class _Workflow:
     def __init__(self, read: Callable[[str, int], Iterator[dict]], threads: int, follow: bool,
                  max_rows: int | None = None, max_seconds: float | None = None,
-                 keep_seconds: float = KEEP_SECONDS, finished: Iterable[str] = ()):
+                 keep_seconds: float = KEEP_SECONDS, finished: Iterable[str] = (),
+                 appoint_merges: bool = False):
         """``read(token, start_ns)``: the rows of one query (closed when a read stops at its
-        budget); ``finished``: partitions finished before (by other tasks)."""
+        budget); ``finished``: partitions finished before (by other tasks); ``appoint_merges``:
+        see the module doc."""
         self.read = read
         self.follow = follow
+        self.appoint = appoint_merges
         self.max_rows = max_rows
         self.max_seconds = max_seconds
         self.keep_seconds = keep_seconds
@@ -180,6 +190,10 @@ class _Workflow:
         with self.lock:
             self.finished.add(token)
             for child, parents, start in children:
+                if self.appoint and len(parents) > 1:
+                    if token == min(parents):  # the appointed parent: read it now
+                        ready.append((child, start))
+                    continue
                 self.waiting[child] = (set(parents) or {token}, start)
             for child, (needed, start) in list(self.waiting.items()):
                 if needed <= self.finished:
@@ -240,13 +254,14 @@ def read_partitions(
     database, dialect: str, stream: str, roots: list[Root], end_ns: int,
     heartbeat_ms: int, *, threads: int = 8, follow_children: bool = True,
     max_attempts: int = 6, max_rows: int | None = None, max_seconds: float | None = None,
-    finished: Iterable[str] = (),
+    finished: Iterable[str] = (), appoint_merges: bool = False,
 ) -> Iterator[dict[str, Any]]:
     """Rows of ``roots`` (token, start[, rows read of it before in this pull]) and, with
     ``follow_children``, of their descendants that can be read here (``finished``: partitions
     finished before, whose merge children a read here may complete); ``threads`` partitions
     are read at the same time; ``max_rows`` and ``max_seconds`` bound the rows returned and
-    the time taken (see the module doc). Keeps nothing once its rows are consumed or it is
+    the time taken, and ``appoint_merges`` who reads a merge child (see the module doc).
+    Keeps nothing once its rows are consumed or it is
     closed."""
 
     def read(token: str, start_ns: int) -> Iterator[dict]:
@@ -254,4 +269,4 @@ def read_partitions(
                                    heartbeat_ms, max_attempts=max_attempts)
 
     yield from _Workflow(read, threads, follow_children, max_rows, max_seconds,
-                         finished=finished).rows(roots)
+                         finished=finished, appoint_merges=appoint_merges).rows(roots)

@@ -15,7 +15,7 @@ libraries imported inside ``read()``.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
@@ -36,6 +36,7 @@ class ChangeStreamPartition(InputPartition):
 
     index: int
     parts: list[tuple[str, int, int]]  # token, start, its rows read before in this pull
+    initial: list[dict] = field(default_factory=list)  # the initial query's rows, to pass on
 
 
 @dataclass
@@ -53,19 +54,28 @@ def _require(options: dict, name: str) -> str:
 
 
 class SpannerChangeStreamDataSource(DataSource):
-    """Options: project, instance, database, dialect, host (optional), stream, heartbeat_ms,
-    end_ns, partitions (JSON list of {"token", "start_ns"}), groups (instead of partitions and
-    tasks: a JSON list of such lists, one per task, in task order), max_attempts, tasks (how
-    many input partitions; default one per change stream partition), threads (partitions a task
-    reads at the same time, default 8), follow_children ("true": a task goes on with the
-    children it can read itself), finished (JSON list of partition tokens finished before
-    these tasks began: with follow_children, a task that finishes the last unfinished parent
-    of a merge reads the merge child itself), max_rows (a task stops its reads at the next timestamp
-    after this many rows, leaving them ``open`` for the next task: bounds what a task hands
-    to the driver), max_seconds (the same after this many seconds), task_markers ("true":
-    each task ends with a ``partition_end`` row without a partition, naming the task's index,
-    so the driver knows it has all of a task's rows), warm_up (N: N tasks that
-    only import the reader; no rows).
+    """A change stream's records between two times, one row per record (``SPARK_DDL``).
+
+    A whole range (what a user asks for): project, instance, database, host (optional: a
+    local endpoint such as the emulator), stream, start and end (RFC 3339 times; end
+    inclusive), heartbeat_ms (default 10000), dialect (default: the database's own), tasks
+    (how many input partitions the first partitions are dealt over; default one each). The
+    initial query runs while Spark plans the read; every task follows its partitions'
+    children, and a merge child is read by the task of its first parent (``workflow``). A
+    MUTABLE_KEY_RANGE stream is read in one task (see ``_initial_query``).
+
+    What a pull asks for (no start): end_ns, partitions (JSON list of {"token", "start_ns"}),
+    groups (instead of partitions and tasks: a JSON list of such lists, one per task, in task
+    order), max_attempts, tasks (how many input partitions; default one per change stream
+    partition), threads (partitions a task reads at the same time, default 8),
+    follow_children ("true": a task goes on with the children it can read itself), finished
+    (JSON list of partition tokens finished before these tasks began: with follow_children, a
+    task that finishes the last unfinished parent of a merge reads the merge child itself),
+    max_rows (a task stops its reads at the next timestamp after this many rows, leaving them
+    ``open`` for the next task: bounds what a task hands to the driver), max_seconds (the same
+    after this many seconds), task_markers ("true": each task ends with a ``partition_end``
+    row without a partition, naming the task's index, so the driver knows it has all of a
+    task's rows), warm_up (N: N tasks that only import the reader; no rows).
 
     Nothing is written anywhere: rows (and each partition's end row, the progress) travel to
     the driver as the job's results."""
@@ -100,43 +110,31 @@ class SpannerChangeStreamDataSourceReader(DataSourceReader):
         self.project = _require(options, "project")
         self.instance = _require(options, "instance")
         self.database = _require(options, "database")
-        self.dialect = validate_dialect(options.get("dialect", "googlesql"))
+        dialect = options.get("dialect") or None
+        self.dialect = validate_dialect(dialect) if dialect is not None else None
         self.host = options.get("host") or None
         self.stream = validate_stream_name(_require(options, "stream"))
-        self.heartbeat_ms = validate_heartbeat(int(_require(options, "heartbeat_ms")))
-        self.end_ns = int(_require(options, "end_ns"))
-        self.max_attempts = int(options.get("max_attempts", "6"))
-        try:
-            if options.get("groups"):
-                self.groups = [[_part(p) for p in group]
-                               for group in json.loads(options["groups"])]
-            else:
-                self.groups = None
-                parts = json.loads(_require(options, "partitions"))
-                self.parts = [_part(p) for p in parts]
-        except (ValueError, KeyError, TypeError) as e:
-            raise ValueError(
-                'Option "partitions" must be a JSON list of {"token": ..., "start_ns": ...} '
-                '(optionally "arrival": the rows of it read before in this pull) and "groups" '
-                'a JSON list of such lists.'
-            ) from e
-        try:
-            self.finished = json.loads(options.get("finished") or "[]")
-            if not isinstance(self.finished, list) or not all(
-                    isinstance(t, str) for t in self.finished):
-                raise TypeError
-        except (ValueError, TypeError) as e:
-            raise ValueError('Option "finished" must be a JSON list of partition tokens.') from e
-        if self.groups is not None:
-            self.parts = [p for group in self.groups for p in group]
-        self.tasks = int(options.get("tasks", "0")) or max(1, len(self.parts))
-        self.threads = int(options.get("threads", "8"))
+        self.heartbeat_ms = validate_heartbeat(_integer(options, "heartbeat_ms", "10000"))
+        self.max_attempts = _integer(options, "max_attempts", "6")
+        self.start_ns: int | None = None  # set: a whole range, from the initial query
+        self.groups: list[list[tuple[str, int, int]]] | None = None
+        self.parts: list[tuple[str, int, int]] = []
+        if options.get("partitions") or options.get("groups"):
+            self.end_ns = int(_require(options, "end_ns"))
+            self.groups, self.parts = _given_parts(options)
+        else:
+            self.start_ns, self.end_ns = _range(options)
+        self.finished = _finished(options)
+        # 0 with a whole range: one task per partition the initial query names
+        self.tasks = _integer(options, "tasks", "0") or (
+            len(self.parts) if self.start_ns is None else 0)
+        self.threads = _integer(options, "threads", "8")
         self.follow = options.get("follow_children", "true").lower() == "true"
         self.max_rows = int(options.get("max_rows", "0")) or None
         self.max_seconds = float(options.get("max_seconds", "0")) or None
         self.warm_up = int(options.get("warm_up", "0"))
         self.task_markers = options.get("task_markers", "false").lower() == "true"
-        if self.tasks < 1 or self.threads < 1:
+        if self.tasks < 0 or self.threads < 1:
             raise ValueError('Options "tasks" and "threads" must be positive integers.')
         SpannerTarget(self.project, self.instance, self.database, self.dialect, self.host)
 
@@ -145,11 +143,41 @@ class SpannerChangeStreamDataSourceReader(DataSourceReader):
             return [ChangeStreamPartition(i, []) for i in range(self.warm_up)]
         if self.groups is not None:
             return [ChangeStreamPartition(i, g) for i, g in enumerate(self.groups)]
-        n = min(self.tasks, len(self.parts))
+        initial = self._initial_query() if self.start_ns is not None else []
+        n = max(1, min(self.tasks, len(self.parts)))
         groups: list[list[tuple[str, int, int]]] = [[] for _ in range(n)]
         for i, part in enumerate(self.parts):
             groups[i % len(groups)].append(part)
-        return [ChangeStreamPartition(i, g) for i, g in enumerate(groups)]
+        return [ChangeStreamPartition(i, g, initial if i == 0 else [])
+                for i, g in enumerate(groups)]
+
+    def _initial_query(self) -> list[dict]:
+        """The NULL-token query from ``start_ns``: sets ``parts`` to the partitions it names
+        and returns its rows (the first task passes them on)."""
+        from spark_backend.model.errors import SourceError
+        from spark_backend.spanner.connect import SpannerTarget, open_database
+        from spark_backend.spanner.reader import read_partition_rows
+
+        target = SpannerTarget(self.project, self.instance, self.database, self.dialect,
+                               self.host)
+        rows = list(read_partition_rows(open_database(target), self.dialect, self.stream, None,
+                                        self.start_ns, self.end_ns, self.heartbeat_ms,
+                                        max_attempts=self.max_attempts))
+        failed = [r for r in rows if r["kind"] == "partition_end"]
+        if failed:
+            raise SourceError(json.loads(failed[0]["extra"]).get("error")
+                              or "The initial change stream query failed.")
+        named = {(child["token"], r["ts_ns"]) for r in rows
+                 if r["kind"] in ("child_partitions", "partition_start")
+                 for child in json.loads(r["child_partitions"])}
+        self.parts = [(token, start, 0) for token, start in sorted(named)]
+        self.tasks = self.tasks or len(self.parts)
+        if any(r["kind"] == "partition_start" for r in rows):
+            # MUTABLE_KEY_RANGE: a new partition is announced by every partition it takes keys
+            # from, each naming only itself as the parent, so tasks could not tell which of
+            # them reads it: one task reads the whole range (``threads`` at a time), once.
+            self.tasks = 1
+        return rows
 
     def read(self, partition: ChangeStreamPartition):
         from spark_backend.model import config
@@ -158,9 +186,13 @@ class SpannerChangeStreamDataSourceReader(DataSourceReader):
         from spark_backend.spanner.workflow import read_partitions
 
         config.quiet_local_client_env()
-        if not partition.parts:  # warm-up: importing what a read needs is the work
+        if self.warm_up:  # importing what a read needs is the work
             import google.cloud.spanner_v1.streamed  # noqa: F401
             import pyarrow  # noqa: F401
+            return
+        if partition.initial:
+            yield to_arrow_batch(partition.initial)
+        if not partition.parts:
             return
         target = SpannerTarget(self.project, self.instance, self.database, self.dialect, self.host)
         database = open_database(target)
@@ -168,13 +200,64 @@ class SpannerChangeStreamDataSourceReader(DataSourceReader):
             database, self.dialect, self.stream, [tuple(p) for p in partition.parts],
             self.end_ns, self.heartbeat_ms, threads=self.threads,
             follow_children=self.follow, finished=self.finished,
-            max_attempts=self.max_attempts,
+            max_attempts=self.max_attempts, appoint_merges=self.start_ns is not None,
             max_rows=self.max_rows, max_seconds=self.max_seconds,
         )
         for batch in batched(rows, STREAM_BATCH_ROWS):
             yield to_arrow_batch(batch)
         if self.task_markers:  # the driver lands a task's rows once it saw all of them
             yield to_arrow_batch([partition_end(None, "task_done", None, task=partition.index)])
+
+
+def _given_parts(options: dict) -> tuple[list | None, list[tuple[str, int, int]]]:
+    """(groups, partitions) of the ``groups`` or ``partitions`` option."""
+    try:
+        if options.get("groups"):
+            groups = [[_part(p) for p in group] for group in json.loads(options["groups"])]
+            return groups, [p for group in groups for p in group]
+        return None, [_part(p) for p in json.loads(_require(options, "partitions"))]
+    except (ValueError, KeyError, TypeError) as e:
+        raise ValueError(
+            'Option "partitions" must be a JSON list of {"token": ..., "start_ns": ...} '
+            '(optionally "arrival": the rows of it read before in this pull) and "groups" '
+            'a JSON list of such lists.'
+        ) from e
+
+
+def _finished(options: dict) -> list[str]:
+    try:
+        finished = json.loads(options.get("finished") or "[]")
+        if not isinstance(finished, list) or not all(isinstance(t, str) for t in finished):
+            raise TypeError
+    except (ValueError, TypeError) as e:
+        raise ValueError('Option "finished" must be a JSON list of partition tokens.') from e
+    return finished
+
+
+def _integer(options: dict, name: str, default: str) -> int:
+    text = options.get(name) or default
+    try:
+        return int(text)
+    except (TypeError, ValueError):
+        raise ValueError(f"Option {name!r} must be an integer, not {text!r}.") from None
+
+
+def _range(options: dict) -> tuple[int, int]:
+    """(start, end) in nanoseconds of the ``start`` and ``end`` options (RFC 3339)."""
+    from spark_backend.model.timestamps import TimestampError, parse_ns
+
+    times = []
+    for name in ("start", "end"):
+        text = _require(options, name)
+        try:
+            times.append(parse_ns(text))
+        except TimestampError as e:
+            raise ValueError(f"Option {name!r} is not a time ({e}); use RFC 3339, e.g. "
+                             "2026-01-05T09:00:00Z.") from None
+    if times[1] < times[0]:
+        raise ValueError(f"Option 'end' ({options['end']}) is before 'start' "
+                         f"({options['start']}).")
+    return times[0], times[1]
 
 
 def change_stream_frame(spark, options: dict):
