@@ -26,10 +26,14 @@ def options(world, host: str, **more) -> dict[str, str]:
             "end": format_ns(world.end), "heartbeat_ms": str(HEARTBEAT_MS), **more}
 
 
-def read(spark, opts: dict):
+def frame(spark, opts: dict):
     """As the README shows a user: register the source, then read."""
     spark.dataSource.register(SpannerChangeStreamDataSource)
-    return spark.read.format("spanner_change_stream").options(**opts).load().toArrow()
+    return spark.read.format("spanner_change_stream").options(**opts).load()
+
+
+def read(spark, opts: dict):
+    return frame(spark, opts).toArrow()
 
 
 def records(table) -> list[tuple]:
@@ -111,3 +115,15 @@ def test_options_a_user_gets_wrong_are_named(change, said):
     with pytest.raises(ValueError, match=None) as wrong:
         SpannerChangeStreamDataSourceReader(opts)
     assert said in str(wrong.value)
+
+
+@pytest.mark.slow
+def test_the_readmes_example_counts_the_data_changes_by_table(spark):
+    world = build_world(7, 0.1)
+    with DemoServer(world) as server:
+        records = frame(spark, options(world, server.start()))
+        by_table = records.where("kind = 'data_change'").groupBy("table_name",
+                                                                 "mod_type").count().toArrow()
+    want = {r for r in truth_records(world) if r[1] == "data_change"}
+    assert sum(by_table["count"].to_pylist()) == len(want)
+    assert set(by_table["table_name"].to_pylist()) == set(world.tables)
