@@ -17,7 +17,12 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    InputPartition,
+)
 
 from spark_backend.model.records import SPARK_DDL
 from spark_backend.spark.packing import PACKED_DDL, packed
@@ -37,6 +42,7 @@ class ChangeStreamPartition(InputPartition):
     index: int
     parts: list[tuple[str, int, int]]  # token, start, its rows read before in this pull
     initial: list[dict] = field(default_factory=list)  # the initial query's rows, to pass on
+    end_ns: int | None = None  # where to read to; None: the reader's end_ns
 
 
 @dataclass
@@ -90,6 +96,9 @@ class SpannerChangeStreamDataSource(DataSource):
     def reader(self, schema) -> SpannerChangeStreamDataSourceReader:
         return SpannerChangeStreamDataSourceReader(self.options)
 
+    def streamReader(self, schema) -> SpannerChangeStreamStreamReader:
+        return SpannerChangeStreamStreamReader(self.options)
+
 
 def _part(p: dict) -> tuple[str, int, int]:
     """(token, start, rows read of it before in this pull) of an option's partition."""
@@ -100,7 +109,8 @@ def _part(p: dict) -> tuple[str, int, int]:
 
 
 class SpannerChangeStreamDataSourceReader(DataSourceReader):
-    def __init__(self, options: dict):
+    def __init__(self, options: dict, streaming: bool = False):
+        """``streaming``: the options of a ``readStream`` (``end`` optional)."""
         from spark_backend.spanner.connect import SpannerTarget, validate_dialect
         from spark_backend.spanner.reader import (
             validate_heartbeat,
@@ -123,7 +133,7 @@ class SpannerChangeStreamDataSourceReader(DataSourceReader):
             self.end_ns = int(_require(options, "end_ns"))
             self.groups, self.parts = _given_parts(options)
         else:
-            self.start_ns, self.end_ns = _range(options)
+            self.start_ns, self.end_ns = _range(options, need_end=not streaming)
         self.finished = _finished(options)
         # 0 with a whole range: one task per partition the initial query names
         self.tasks = _integer(options, "tasks", "0") or (
@@ -143,17 +153,37 @@ class SpannerChangeStreamDataSourceReader(DataSourceReader):
             return [ChangeStreamPartition(i, []) for i in range(self.warm_up)]
         if self.groups is not None:
             return [ChangeStreamPartition(i, g) for i, g in enumerate(self.groups)]
-        initial = self._initial_query() if self.start_ns is not None else []
-        n = max(1, min(self.tasks, len(self.parts)))
+        if self.start_ns is not None:
+            return self.range_partitions(self.start_ns, self.end_ns, initial_rows=True)
+        return self._dealt(self.parts, self.tasks, [], None)
+
+    def range_partitions(self, start_ns: int, end_ns: int,
+                         initial_rows: bool) -> list[ChangeStreamPartition]:
+        """The input partitions reading every record from ``start_ns`` to ``end_ns``: the
+        partitions the initial query at ``start_ns`` names, dealt over ``tasks`` (one each by
+        default); with ``initial_rows`` the first passes on the initial query's rows."""
+        rows, parts = self._initial_query(start_ns, end_ns)
+        tasks = self.tasks or len(parts)
+        if any(r["kind"] == "partition_start" for r in rows):
+            # MUTABLE_KEY_RANGE: a new partition is announced by every partition it takes keys
+            # from, each naming only itself as the parent, so tasks could not tell which of
+            # them reads it: one task reads the whole range (``threads`` at a time), once.
+            tasks = 1
+        return self._dealt(parts, tasks, rows if initial_rows else [], end_ns)
+
+    @staticmethod
+    def _dealt(parts: list[tuple[str, int, int]], tasks: int, initial: list[dict],
+               end_ns: int | None) -> list[ChangeStreamPartition]:
+        n = max(1, min(tasks, len(parts)))
         groups: list[list[tuple[str, int, int]]] = [[] for _ in range(n)]
-        for i, part in enumerate(self.parts):
+        for i, part in enumerate(parts):
             groups[i % len(groups)].append(part)
-        return [ChangeStreamPartition(i, g, initial if i == 0 else [])
+        return [ChangeStreamPartition(i, g, initial if i == 0 else [], end_ns)
                 for i, g in enumerate(groups)]
 
-    def _initial_query(self) -> list[dict]:
-        """The NULL-token query from ``start_ns``: sets ``parts`` to the partitions it names
-        and returns its rows (the first task passes them on)."""
+    def _initial_query(self, start_ns: int, end_ns: int
+                       ) -> tuple[list[dict], list[tuple[str, int, int]]]:
+        """The NULL-token query from ``start_ns``: its rows, and the partitions it names."""
         from spark_backend.model.errors import SourceError
         from spark_backend.spanner.connect import SpannerTarget, open_database
         from spark_backend.spanner.reader import read_partition_rows
@@ -161,7 +191,7 @@ class SpannerChangeStreamDataSourceReader(DataSourceReader):
         target = SpannerTarget(self.project, self.instance, self.database, self.dialect,
                                self.host)
         rows = list(read_partition_rows(open_database(target), self.dialect, self.stream, None,
-                                        self.start_ns, self.end_ns, self.heartbeat_ms,
+                                        start_ns, end_ns, self.heartbeat_ms,
                                         max_attempts=self.max_attempts))
         failed = [r for r in rows if r["kind"] == "partition_end"]
         if failed:
@@ -170,14 +200,7 @@ class SpannerChangeStreamDataSourceReader(DataSourceReader):
         named = {(child["token"], r["ts_ns"]) for r in rows
                  if r["kind"] in ("child_partitions", "partition_start")
                  for child in json.loads(r["child_partitions"])}
-        self.parts = [(token, start, 0) for token, start in sorted(named)]
-        self.tasks = self.tasks or len(self.parts)
-        if any(r["kind"] == "partition_start" for r in rows):
-            # MUTABLE_KEY_RANGE: a new partition is announced by every partition it takes keys
-            # from, each naming only itself as the parent, so tasks could not tell which of
-            # them reads it: one task reads the whole range (``threads`` at a time), once.
-            self.tasks = 1
-        return rows
+        return rows, [(token, start, 0) for token, start in sorted(named)]
 
     def read(self, partition: ChangeStreamPartition):
         from spark_backend.model import config
@@ -198,7 +221,7 @@ class SpannerChangeStreamDataSourceReader(DataSourceReader):
         database = open_database(target)
         rows = read_partitions(
             database, self.dialect, self.stream, [tuple(p) for p in partition.parts],
-            self.end_ns, self.heartbeat_ms, threads=self.threads,
+            partition.end_ns or self.end_ns, self.heartbeat_ms, threads=self.threads,
             follow_children=self.follow, finished=self.finished,
             max_attempts=self.max_attempts, appoint_merges=self.start_ns is not None,
             max_rows=self.max_rows, max_seconds=self.max_seconds,
@@ -207,6 +230,54 @@ class SpannerChangeStreamDataSourceReader(DataSourceReader):
             yield to_arrow_batch(batch)
         if self.task_markers:  # the driver lands a task's rows once it saw all of them
             yield to_arrow_batch([partition_end(None, "task_done", None, task=partition.index)])
+
+
+class SpannerChangeStreamStreamReader(DataSourceStreamReader):
+    """``spark.readStream.format("spanner_change_stream")``: the batch source's options with
+    ``end`` optional (the stream stops growing there), ``lag_ms`` (how far behind the clock
+    a batch ends, default 10000: a query's records are final once its end has passed) and
+    ``max_batch_seconds`` (the most of the stream's time one batch covers; default no limit).
+
+    An offset is ``{"read_to_ns": T}``: every record committed at or before T was given. The
+    partitions alive just after T (the frontier) are what the initial query at T + 1 names,
+    so a batch from T to U reads those partitions and their children from T + 1 to U, each in
+    one task, and the next batch starts from U + 1: every record in exactly one batch. Batches
+    are replayed from Spark's checkpoint as they were planned (the same times, hence the same
+    partitions and records)."""
+
+    def __init__(self, options: dict):
+        self.reader = SpannerChangeStreamDataSourceReader(options, streaming=True)
+        self.lag_ns = _integer(options, "lag_ms", "10000") * 10**6
+        self.batch_ns = _integer(options, "max_batch_seconds", "0") * 10**9
+        if self.lag_ns < 0 or self.batch_ns < 0:
+            raise ValueError('Options "lag_ms" and "max_batch_seconds" must not be negative.')
+
+    def initialOffset(self) -> dict:
+        return {"read_to_ns": self.reader.start_ns - 1}
+
+    def latestOffset(self, start: dict, limit) -> dict:
+        import time
+
+        done = int(start["read_to_ns"])
+        upto = time.time_ns() - self.lag_ns
+        if self.reader.end_ns is not None:
+            upto = min(upto, self.reader.end_ns)
+        if self.batch_ns:
+            upto = min(upto, done + self.batch_ns)
+        return {"read_to_ns": max(done, upto)}
+
+    def partitions(self, start: dict, end: dict) -> list[ChangeStreamPartition]:
+        first, last = int(start["read_to_ns"]) + 1, int(end["read_to_ns"])
+        if last < first:
+            return []
+        return self.reader.range_partitions(first, last,
+                                            initial_rows=first == self.reader.start_ns)
+
+    def read(self, partition: ChangeStreamPartition):
+        return self.reader.read(partition)
+
+    def commit(self, end: dict) -> None:
+        """Nothing to release: the source keeps no state between batches."""
 
 
 def _given_parts(options: dict) -> tuple[list | None, list[tuple[str, int, int]]]:
@@ -242,12 +313,15 @@ def _integer(options: dict, name: str, default: str) -> int:
         raise ValueError(f"Option {name!r} must be an integer, not {text!r}.") from None
 
 
-def _range(options: dict) -> tuple[int, int]:
-    """(start, end) in nanoseconds of the ``start`` and ``end`` options (RFC 3339)."""
+def _range(options: dict, need_end: bool = True) -> tuple[int, int | None]:
+    """(start, end) in nanoseconds of the ``start`` and ``end`` options (RFC 3339); end None
+    when it is not needed and not given."""
     from spark_backend.model.timestamps import TimestampError, parse_ns
 
-    times = []
+    times: list[int | None] = []
     for name in ("start", "end"):
+        if name == "end" and not need_end and not options.get("end"):
+            return times[0], None
         text = _require(options, name)
         try:
             times.append(parse_ns(text))
