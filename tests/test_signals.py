@@ -189,17 +189,19 @@ def test_a_signal_at_each_moment_of_a_pull_then_the_next_pull_is_exact(tmp_path,
     assert left == [], left  # no staging folder, no DuckDB spill folder, no WAL
 
 
-def test_sigint_during_an_import_then_the_import_again_is_exact(tmp_path):
-    """Ctrl-C once the import says what it reads (its Spark starts then): the import again
-    lands exactly what an import that was never interrupted lands."""
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_during_an_import_then_the_import_again_is_exact(tmp_path, sig):
+    """Ctrl-C (or SIGTERM) once the import says what it reads (its Spark starts then): the
+    import again lands exactly what an import that was never interrupted lands."""
     from tests.support.imports import SAMPLES, cache_contents
 
     argv = ("import", "--format", "datastream", "--stream", "DS", str(SAMPLES / "datastream"))
     cache = tmp_path / "c.duckdb"
     run = _Pull(cache, *argv)
     run.wait_for_line(r"part\(s\)")
-    _stopped(run, signal.SIGINT,
-             "interrupted: the cache is consistent; run the same import again to finish it.\n")
+    said = {signal.SIGINT: "interrupted", signal.SIGTERM: "stopped by SIGTERM"}[sig]
+    _stopped(run, sig,
+             f"{said}: the cache is consistent; run the same import again to finish it.\n")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     for path in (cache, tmp_path / "clean.duckdb"):
         done = subprocess.run([sys.executable, "-m", "spark_backend.cli", *argv, "--cache",

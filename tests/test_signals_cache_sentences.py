@@ -184,9 +184,13 @@ def test_a_full_disk_is_named_as_such_not_as_memory(full_disk):
                              "again: what was committed before is kept.")
 
 
-def test_sigterm_of_a_report_is_one_sentence_and_143(landed, tmp_path):
-    """SIGTERM while `report` writes its HTML (the moment: its process is past the imports and
-    reading the cache; the line it prints when done is not there yet)."""
+@pytest.mark.parametrize("sig, said", [
+    (signal.SIGTERM, "stopped by SIGTERM: the cache is consistent.\n"),
+    (signal.SIGINT, "interrupted: the cache is consistent.\n"),
+], ids=["SIGTERM", "SIGINT"])
+def test_a_signal_to_a_report_is_one_sentence_and_its_exit_code(landed, tmp_path, sig, said):
+    """SIGTERM (or Ctrl-C) while `report` writes its HTML (the moment: its process is past the
+    imports and reading the cache; the line it prints when done is not there yet)."""
     proc = subprocess.Popen(
         [sys.executable, "-c",
          "import os, signal, sys\n"
@@ -194,7 +198,7 @@ def test_sigterm_of_a_report_is_one_sentence_and_143(landed, tmp_path):
          "from spark_backend.analysis import html_report\n"
          "real = html_report.build_html\n"
          "def then_term(*a, **k):\n"
-         "    os.kill(os.getpid(), signal.SIGTERM)\n"
+         f"    os.kill(os.getpid(), {int(sig)})\n"
          "    return real(*a, **k)\n"
          "html_report.build_html = then_term\n"
          "sys.exit(cli.main(sys.argv[1:]))\n",
@@ -202,6 +206,6 @@ def test_sigterm_of_a_report_is_one_sentence_and_143(landed, tmp_path):
         cwd=str(ROOT), env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE,
         stderr=subprocess.PIPE, text=True)
     out, err = proc.communicate(timeout=300)
-    assert proc.returncode == 128 + signal.SIGTERM
-    assert err == "stopped by SIGTERM: the cache is consistent.\n"
+    assert proc.returncode == 128 + sig
+    assert err == said
     assert out == ""
