@@ -76,7 +76,7 @@ def _under(root: Path, path: Path, shown: str) -> bool:
                        "a link that ends at one.", field="paths") from e
     except (OSError, ValueError) as e:
         raise BadInput(f"{shown!r} cannot be followed to a file ({e}); give the path of a "
-                       "file or folder under the import folder.", field="paths") from e
+                       "file or folder.", field="paths") from e
 
 
 def checked_paths(lines: Iterable[str]) -> list[str]:

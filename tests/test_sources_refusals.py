@@ -243,11 +243,14 @@ def test_a_typed_cache_path_opens_only_in_the_start_up_cache_folder(tmp_path, mo
     assert import_roots.cache_choice(f"{folder}/team/b.duckdb", current) == (
         str(folder / "team" / "b.duckdb"), None)
     for typed in ("/etc/passwd", "../elsewhere/new.duckdb", str(elsewhere / "new.duckdb"),
-                  "away.duckdb", "/tmp/x\x00.duckdb"):
+                  "away.duckdb"):
         assert import_roots.cache_choice(typed, current) == (current, (
             f"{typed} is not opened: cache files are opened only in the start-up cache's "
             f"folder {folder} ($CSI_CACHE names the start-up cache); still showing "
             f"{current}.")), typed
+    assert import_roots.cache_choice("/tmp/x\x00.duckdb", current) == (current, (
+        "'/tmp/x\\x00.duckdb' cannot be followed to a file (embedded null byte); give the "
+        f"path of a file or folder. Still showing {current}."))
     assert list(elsewhere.iterdir()) == []  # nothing was created there
     monkeypatch.delenv("CSI_CACHE")
     assert import_roots.cache_choice("b.duckdb", current) == (
