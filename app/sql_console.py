@@ -223,32 +223,27 @@ def _principal(statements: list) -> duckdb.StatementType:
 def _explained(text: str) -> str:
     """The statement an EXPLAIN explains: the text after EXPLAIN, its ANALYZE/VERBOSE words and
     its (options), by DuckDB's tokenizer."""
-    tokens = duckdb.tokenize(text)
-    words = [(pos, text[pos:end].strip()) for (pos, _), end in
-             zip(tokens, [p for p, _ in tokens[1:]] + [len(text)], strict=True)]
-    i, depth = 1, 0
-    while i < len(words):
-        word = words[i][1]
+    depth = 0
+    for pos, _, word in _tokens(text)[1:]:
         if word == "(":
             depth += 1
         elif word == ")":
             depth -= 1
         elif depth == 0 and word.upper() not in ("ANALYZE", "ANALYSE", "VERBOSE"):
-            return text[words[i][0]:]
-        i += 1
+            return text[pos:]
     return ""
 
 
 def _check_functions(text: str) -> None:
     """Refuse a PRAGMA or a table function that is not known to only read."""
-    tokens = _tokens(text)
-    if tokens and tokens[0][1].upper() == "PRAGMA":
-        name = tokens[1][1].lower() if len(tokens) > 1 else ""
+    words = [word for _, _, word in _tokens(text)]
+    if words and words[0].upper() == "PRAGMA":
+        name = words[1].lower() if len(words) > 1 else ""
         if name not in READ_PRAGMAS:
             raise Refused(f"The console only reads: PRAGMA {name} is refused; the PRAGMAs it "
                           f"runs are {', '.join(sorted(READ_PRAGMAS))}.")
     tables = _table_function_names()
-    called = [n for n in _called(tokens) if n in tables and n not in READ_TABLE_FUNCTIONS]
+    called = [n for n in _called(text) if n in tables and n not in READ_TABLE_FUNCTIONS]
     files = [f"{n}()" for n in called if _FILE_FUNCTION.match(n)]
     if files:
         raise Refused(f"The console reads only the cache's own tables; {', '.join(files)} "
@@ -259,11 +254,12 @@ def _check_functions(text: str) -> None:
                       f"catalogue (such as range() or duckdb_tables()); {ACCEPTED}.")
 
 
-def _tokens(text: str) -> list[tuple[duckdb.token_type, str]]:
-    """DuckDB's tokens of ``text`` as (type, text), comments left out."""
+def _tokens(text: str) -> list[tuple[int, duckdb.token_type, str]]:
+    """DuckDB's tokens of ``text`` as (position, type, text), comments left out."""
     spans = duckdb.tokenize(text)
     ends = [p for p, _ in spans[1:]] + [len(text)]
-    return [(kind, _word(text[pos:end])) for (pos, kind), end in zip(spans, ends, strict=True)
+    return [(pos, kind, _word(text[pos:end]))
+            for (pos, kind), end in zip(spans, ends, strict=True)
             if kind != duckdb.token_type.comment]
 
 
@@ -281,11 +277,12 @@ def _word(span: str) -> str:
     return span[:cut].split(None, 1)[0] if span[:cut].strip() else span.strip()
 
 
-def _called(tokens: list[tuple[duckdb.token_type, str]]) -> list[str]:
-    """The names written as calls (a name followed by an opening parenthesis), unquoted and in
-    lower case, each once."""
+def _called(text: str) -> list[str]:
+    """The names written as calls in ``text`` (a name followed by an opening parenthesis),
+    unquoted and in lower case, each once."""
+    tokens = _tokens(text)
     names: list[str] = []
-    for (kind, word), (_, after) in zip(tokens, tokens[1:]):
+    for (_, kind, word), (_, _, after) in zip(tokens, tokens[1:]):
         if kind in (duckdb.token_type.identifier, duckdb.token_type.keyword) and after == "(":
             name = word[1:-1].replace('""', '"') if word.startswith('"') else word
             if name.lower() not in names:
@@ -372,7 +369,7 @@ def _explain(e: duckdb.Error, text: str) -> Refused:
 
 def _file_functions(text: str) -> list[str]:
     """Functions in the query that read outside the cache, by name (for the sentence)."""
-    return [f"{n}()" for n in _called(_tokens(text)) if _FILE_FUNCTION.match(n)]
+    return [f"{n}()" for n in _called(text) if _FILE_FUNCTION.match(n)]
 
 
 def _first_line(e: BaseException) -> str:

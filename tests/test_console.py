@@ -186,6 +186,7 @@ VALID = {
     "EXPLAIN SELECT count(*) FROM partitions": None,
     "EXPLAIN (FORMAT JSON) SELECT 1": None,
     "EXPLAIN /* x */ ANALYZE SELECT count(*) FROM partitions": None,
+    "EXPLAIN ANALYZE /* x */ SELECT count(*) FROM partitions": None,
     "EXPLAIN ANALYZE SELECT 1": None,
     "PRAGMA database_list": None,
     "PRAGMA table_info('partitions')": None,
