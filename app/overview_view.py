@@ -116,8 +116,7 @@ def drawn(path: str, ver: int, stream: str, stall_s: float, start_ns: int | None
             said = live.events(v.parts, v.edges, v.found, v.now["t_ns"] - 180 * 10**9)
             nodes = dag_layout.layout(v.parts)
             dag = figures.dag_figure(nodes, dag_layout.edge_segments(nodes, v.edges),
-                                     holder=v.now["holder"] if v.now["lag_s"] > stall_s
-                                     else None)
+                                     holder=stalls.holding_back(v.now, stall_s))
     return Drawn(v, lag, dag, said)
 
 

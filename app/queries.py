@@ -134,6 +134,7 @@ def watermark_replay(
 
 low_watermark_over_time = stalls.low_watermark_over_time
 lag_over_time = stalls.lag_over_time
+holding_back = stalls.holding_back
 
 
 def stalls_table(found: list[dict]) -> pd.DataFrame:

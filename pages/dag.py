@@ -2,7 +2,7 @@
 
 import streamlit as st
 
-from app import figures, nav, overview_view, resources, state, widgets
+from app import figures, nav, overview_view, queries, resources, state, widgets
 from app.formatting import range_clip_note, to_datetime
 from app.safe import md
 
@@ -33,7 +33,7 @@ if selected and selected not in tokens:
 beats = overview_view.freshness(c.path, c.version, c.stream).heartbeats
 now = (resources.current_state(c.path, c.version, c.stream, c.start_ns, c.end_ns) if beats
        else None)
-holder = now["holder"] if now and now["lag_s"] > c.stall_s else None
+holder = queries.holding_back(now, c.stall_s)
 found = (resources.stalls(c.path, c.version, c.stream, c.stall_s, c.start_ns, c.end_ns)
          if beats else [])
 notes, spans = figures.stall_marks(found)

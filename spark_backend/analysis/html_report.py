@@ -77,8 +77,8 @@ def build_html(con: duckdb.DuckDBPyConnection, stream: str, stall_after_s: float
     low = stalls.low_watermark_over_time(replay)
     lag, total = stalls.lag_over_time(replay)
     notes, spans = figures.stall_marks(found)
-    holder = now["holder"] if now and now["lag_s"] > stall_after_s else None
-    dag = figures.dag_figure(nodes, segs, holder=holder, notes=notes, spans=spans)
+    dag = figures.dag_figure(nodes, segs, holder=stalls.holding_back(now, stall_after_s),
+                             notes=notes, spans=spans)
     lag_fig = figures.lag_over_time_figure(lag, low, stall_after_s, total, stall=worst)
     per_minute = _txn_per_minute(con, stream)
     txn_fig = go.Figure(go.Bar(x=pd.to_datetime(per_minute["bucket_ns"], unit="ns", utc=True),

@@ -155,6 +155,12 @@ def current_state(con: duckdb.DuckDBPyConnection, stream: str,
             "range_end_ns": range_end_ns(con, stream)}
 
 
+def holding_back(now: dict[str, Any] | None, stall_s: float) -> str | None:
+    """The partition holding the low watermark more than ``stall_s`` behind at the moment of
+    ``now`` (a :func:`current_state`), or None."""
+    return now["holder"] if now is not None and now["lag_s"] > stall_s else None
+
+
 def as_anomalies(found: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The stalls of :func:`stalls` as anomalies (kind ``stall``), costliest first: a stall is
     an anomaly wherever it is shown."""

@@ -16,7 +16,6 @@ knowledge of the partitions is ``pull_plan``, the Spark jobs are ``pull_jobs``; 
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -35,7 +34,6 @@ from spark_backend.model.errors import (
     CacheError,
     InspectorError,
     PullFailed,
-    SourceError,
 )
 from spark_backend.model.records import to_arrow_batch
 from spark_backend.model.timestamps import TimestampError, coerce_ns, format_ns, now_ns
@@ -45,7 +43,7 @@ from spark_backend.spanner.connect import (
     with_database_dialect,
 )
 from spark_backend.spanner.reader import (
-    read_partition_rows,
+    initial_query_rows,
     validate_heartbeat,
     validate_stream_name,
 )
@@ -175,15 +173,9 @@ def _open_source(request: PullRequest, bind: str = "127.0.0.1"):
 
 def _initial_query(cache, stream, pull_id, src, request, start_ns, end_ns) -> int:
     """The NULL-token query, on the driver: names the first partitions (and fails fast)."""
-    database = open_database(src.target)
-    rows = list(read_partition_rows(
-        database, request.dialect, src.source_stream, None, start_ns, end_ns,
-        request.heartbeat_ms, max_attempts=request.max_attempts,
-    ))
-    failed = [r for r in rows if r["kind"] == "partition_end"]
-    if failed:
-        detail = json.loads(failed[0]["extra"])
-        raise SourceError(detail.get("error") or "The initial change stream query failed.")
+    rows = initial_query_rows(open_database(src.target), request.dialect, src.source_stream,
+                              start_ns, end_ns, request.heartbeat_ms,
+                              max_attempts=request.max_attempts)
     stats = cache.ingest(stream, pull_id, to_arrow_batch(rows))
     return stats.child_partitions
 

@@ -71,7 +71,7 @@ from enum import StrEnum
 from typing import Any, NamedTuple
 
 from spark_backend.model import config
-from spark_backend.model.errors import BadInput
+from spark_backend.model.errors import BadInput, SourceError
 from spark_backend.model.records import RecordError, bad_row, from_change_record, partition_end
 from spark_backend.model.stream_records import from_stream_record
 from spark_backend.spanner.connect import (
@@ -923,6 +923,20 @@ def read_partition_rows(
         yield partition_end(token, "open", end_ns, read_from=start_ns, attempts=queries,
                             retries=stats.get("retries", 0))
 
+
+
+def initial_query_rows(database, dialect: str | None, stream: str, start_ns: int, end_ns: int,
+                       heartbeat_ms: int, *, max_attempts: int = 6) -> list[dict[str, Any]]:
+    """The rows of the initial query (NULL partition token) from ``start_ns``: the records
+    naming the partitions alive then. ``SourceError`` with the source's sentence when it kept
+    failing."""
+    rows = list(read_partition_rows(database, dialect, stream, None, start_ns, end_ns,
+                                    heartbeat_ms, max_attempts=max_attempts))
+    failed = [r for r in rows if r["kind"] == "partition_end"]
+    if failed:
+        raise SourceError(json.loads(failed[0]["extra"]).get("error")
+                          or "The initial change stream query failed.")
+    return rows
 
 def _probe_mode(database, dialect, stream, token, start_ns, heartbeat_ms, max_attempts,
                 backoff_s, stats) -> PartitionMode | None:

@@ -261,8 +261,7 @@ def read_partitions(
     finished before, whose merge children a read here may complete); ``threads`` partitions
     are read at the same time; ``max_rows`` and ``max_seconds`` bound the rows returned and
     the time taken, and ``appoint_merges`` who reads a merge child (see the module doc).
-    Keeps nothing once its rows are consumed or it is
-    closed."""
+    Keeps nothing once its rows are consumed or it is closed."""
 
     def read(token: str, start_ns: int) -> Iterator[dict]:
         return read_partition_rows(database, dialect, stream, token, start_ns, end_ns,

@@ -68,7 +68,7 @@ class SpannerChangeStreamDataSource(DataSource):
     (how many input partitions the first partitions are dealt over; default one each). The
     initial query runs while Spark plans the read; every task follows its partitions'
     children, and a merge child is read by the task of its first parent (``workflow``). A
-    MUTABLE_KEY_RANGE stream is read in one task (see ``_initial_query``).
+    MUTABLE_KEY_RANGE stream is read in one task (see ``range_partitions``).
 
     What a pull asks for (no start): end_ns, partitions (JSON list of {"token", "start_ns"}),
     groups (instead of partitions and tasks: a JSON list of such lists, one per task, in task
@@ -184,19 +184,13 @@ class SpannerChangeStreamDataSourceReader(DataSourceReader):
     def _initial_query(self, start_ns: int, end_ns: int
                        ) -> tuple[list[dict], list[tuple[str, int, int]]]:
         """The NULL-token query from ``start_ns``: its rows, and the partitions it names."""
-        from spark_backend.model.errors import SourceError
         from spark_backend.spanner.connect import SpannerTarget, open_database
-        from spark_backend.spanner.reader import read_partition_rows
+        from spark_backend.spanner.reader import initial_query_rows
 
         target = SpannerTarget(self.project, self.instance, self.database, self.dialect,
                                self.host)
-        rows = list(read_partition_rows(open_database(target), self.dialect, self.stream, None,
-                                        start_ns, end_ns, self.heartbeat_ms,
-                                        max_attempts=self.max_attempts))
-        failed = [r for r in rows if r["kind"] == "partition_end"]
-        if failed:
-            raise SourceError(json.loads(failed[0]["extra"]).get("error")
-                              or "The initial change stream query failed.")
+        rows = initial_query_rows(open_database(target), self.dialect, self.stream, start_ns,
+                                  end_ns, self.heartbeat_ms, max_attempts=self.max_attempts)
         named = {(child["token"], r["ts_ns"]) for r in rows
                  if r["kind"] in ("child_partitions", "partition_start")
                  for child in json.loads(r["child_partitions"])}
