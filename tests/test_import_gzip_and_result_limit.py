@@ -74,10 +74,10 @@ def test_plan_gzip_leaves_damaged_and_unsplittable_files_whole(tmp_path):
     cut.write_bytes(gzip.compress(plain.read_bytes())[:-1000])
     assert plan_gzip(str(cut), recording, str(staging), 10_000) is None
     assert [p.name for p in staging.iterdir()] == []  # no half copy left
-    from spark_backend.formats import cockroachdb
-    crdb = tmp_path / "c.ndjson.gz"
-    crdb.write_bytes(gzip.compress(b'{"after": {"id": 1}, "key": [1]}\n'))
-    assert plan_gzip(str(crdb), cockroachdb, str(staging), 10) is None
+    from spark_backend.formats import datastream
+    avro = tmp_path / "events.avro.gz"  # an Avro container is not read in pieces
+    avro.write_bytes(gzip.compress(b"Obj\x01" + bytes(100)))
+    assert plan_gzip(str(avro), datastream, str(staging), 10) is None
 
 
 # One import in a process of its own, as the CLI's: parts of ``range_bytes``, so that a file
@@ -166,15 +166,114 @@ def test_rows_more_than_the_driver_takes_end_in_one_sentence(tmp_path):
 
 
 def test_jobs_hold_at_most_job_bytes_of_input_and_most_tasks():
-    from spark_backend.jobs.files import JOB_BYTES, _windows
+    from spark_backend.jobs.files import JOB_BYTES, _next_window
     from spark_backend.jobs.import_plan import Part
 
     def task(size: int) -> list[Part]:
         return [Part("f", 0, size, 1, "")]
 
+    def windows_of(tasks: list[list[Part]], most: int) -> list[list[list[Part]]]:
+        out = []
+        while tasks:
+            window, tasks = _next_window(tasks, most, set())
+            out.append(window)
+        return out
+
     mb = 1024 * 1024
     tasks = [task(32 * mb) for _ in range(20)] + [task(400 * mb), task(mb)]
-    windows = list(_windows(tasks, 64))
+    windows = windows_of(tasks, 64)
     assert [len(w) for w in windows] == [8, 8, 4, 1, 1]
     assert all(sum(p.end - p.start for t in w for p in t) <= JOB_BYTES for w in windows[:3])
-    assert [len(w) for w in _windows([task(mb)] * 10, 4)] == [4, 4, 2]
+    assert [len(w) for w in windows_of([task(mb)] * 10, 4)] == [4, 4, 2]
+
+
+def _bigtable_feed(path: Path, changes: int) -> None:
+    """One partition's responses: data changes whose value comes in two chunks on two lines
+    (a CONTINUATION), a heartbeat every 50 changes, then a split into two partitions."""
+    import base64
+    import json
+
+    def b64(text: str) -> str:
+        return base64.b64encode(text.encode()).decode()
+
+    whole = {"rowRange": {}}
+    with open(path, "w") as f:
+        f.write(json.dumps({"partition": whole, "timestamp": "2024-05-01T10:00:00Z"}) + "\n")
+        for i in range(changes):
+            ts = f"2024-05-01T10:{i // 60000 % 60:02d}:{i // 1000 % 60:02d}.{i % 1000:03d}Z"
+            value = os.urandom(24).hex()
+            head = {"type": "USER", "sourceClusterId": "c1", "rowKey": b64(f"row{i % 500}"),
+                    "commitTimestamp": ts, "tiebreaker": i % 7, "chunks": [
+                        {"chunkInfo": {"chunkedValueSize": 48, "chunkedValueOffset": 0},
+                         "mutation": {"setCell": {"familyName": "cf",
+                                                  "columnQualifier": b64("v"),
+                                                  "value": b64(value[:24])}}}]}
+            tail = {"type": "CONTINUATION", "chunks": [
+                {"chunkInfo": {"chunkedValueSize": 48, "chunkedValueOffset": 24,
+                               "lastChunk": True},
+                 "mutation": {"setCell": {"familyName": "cf", "columnQualifier": b64("v"),
+                                          "value": b64(value[24:])}}}],
+                    "done": True, "token": f"t{i}", "estimatedLowWatermark": ts}
+            f.write(json.dumps({"partition": whole, "response": {"dataChange": head},
+                                "table": "t"}) + "\n")
+            f.write(json.dumps({"dataChange": tail}) + "\n")  # bare: the partition above
+            if i % 50 == 49:
+                f.write(json.dumps({"heartbeat": {"estimatedLowWatermark": ts}}) + "\n")
+        halves = [{"rowRange": {"endKeyOpen": b64("m")}},
+                  {"rowRange": {"startKeyClosed": b64("m")}}]
+        f.write(json.dumps({"partition": whole, "response": {"closeStream": {
+            "status": {"code": 11}, "newPartitions": halves}}, "table": "t"}) + "\n")
+
+
+_IMPORTS = r"""
+import sys
+from spark_backend.cache.store import Cache
+from spark_backend.jobs.files import import_files
+for cache_path, fmt, path, range_bytes in zip(*[iter(sys.argv[1:])] * 4):
+    said = []
+    with Cache(cache_path) as cache:
+        res = import_files(cache, "s", fmt, [path], range_bytes=int(range_bytes),
+                           progress=said.append)
+    print(cache_path, res.records, res.bad, said[0])
+"""
+
+
+def test_formats_read_in_order_or_fixed_after_land_what_one_piece_lands(tmp_path):
+    """A Bigtable file (read in parts one after another, each handed the parser the part
+    before it left) and a changefeed without ``diff`` (parts read alone, mod types fixed
+    once landed), each imported in parts of 64 KiB and in one piece, in one Spark session:
+    the caches are equal."""
+    bt = tmp_path / "bt.jsonl"
+    _bigtable_feed(bt, 6_000)
+    feed = tmp_path / "feed.ndjson"
+    with open(feed, "w") as f:
+        for i in range(20_000):  # 400 keys, each first an INSERT then UPDATEs
+            f.write(f'{{"after": {{"id": {i % 400}, "v": {i}}}, "key": [{i % 400}], '
+                    f'"updated": "{1701102296662969433 + i}.0000000000"}}\n')
+    runs = [(tmp_path / f"{name}-{size}.duckdb", fmt, path, size)
+            for name, fmt, path in (("bt", "bigtable", bt), ("crdb", "cockroachdb", feed))
+            for size in (64 * 1024, 1 << 30)]
+    done = subprocess.run([sys.executable, "-c", _IMPORTS,
+                           *[str(v) for run in runs for v in run]],
+                          cwd=tmp_path, env=_env(), capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    said = {line.split()[0]: line.split(None, 3)[1:] for line in done.stdout.splitlines()}
+    for cache, fmt, path, size in runs:
+        parts = said[str(cache)][2]
+        assert ("in 1 part(s)" in parts) == (size == 1 << 30), parts
+    for name in ("bt", "crdb"):
+        in_parts = cache_contents(tmp_path / f"{name}-{64 * 1024}.duckdb")
+        assert in_parts == cache_contents(tmp_path / f"{name}-{1 << 30}.duckdb")
+    con = duckdb.connect(str(tmp_path / f"crdb-{64 * 1024}.duckdb"), read_only=True)
+    try:
+        assert con.execute("SELECT mod_type, count(*) FROM data_change_records GROUP BY 1 "
+                           "ORDER BY 1").fetchall() == [("INSERT", 400), ("UPDATE", 19_600)]
+        assert con.execute("SELECT count(*) FROM quarantine").fetchone() == (0,)
+    finally:
+        con.close()
+    con = duckdb.connect(str(tmp_path / f"bt-{64 * 1024}.duckdb"), read_only=True)
+    try:
+        assert con.execute("SELECT count(*) FROM data_change_records").fetchone() == (6_000,)
+        assert con.execute("SELECT count(*) FROM quarantine").fetchone() == (0,)
+    finally:
+        con.close()

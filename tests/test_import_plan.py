@@ -35,10 +35,20 @@ def test_parts_are_whole_lines_that_cover_the_file(tmp_path, seed):
         assert part is planned.parts[-1] or part.end - part.start < range_bytes + 61
 
 
-def test_formats_that_need_the_whole_file_and_gz_are_one_part(tmp_path):
+def test_avro_containers_and_gz_are_one_part_and_in_order_formats_chain(tmp_path):
+    from spark_backend.formats import bigtable, datastream
+
+    avro = tmp_path / "e.avro"
+    avro.write_bytes(b"Obj\x01" + b"\n" * 1000)
+    assert len(plan_file(str(avro), datastream, 100).parts) == 1
     path = tmp_path / "c.ndjson"
     path.write_bytes(b'{"after": {"id": 1}, "key": [1], "updated": "1.0"}\n' * 1000)
-    assert len(plan_file(str(path), cockroachdb, 100).parts) == 1
+    parts = plan_file(str(path), cockroachdb, 100).parts
+    assert len(parts) > 100 and not any(p.follows or not p.last for p in parts)
+    parts = plan_file(str(path), bigtable, 100).parts
+    assert len(parts) > 100
+    assert [(p.follows, p.last) for p in parts] == (
+        [(False, False)] + [(True, False)] * (len(parts) - 2) + [(True, True)])
     gz = tmp_path / "r.jsonl.gz"
     gz.write_bytes(b"\x1f\x8b" + os.urandom(5000))
     assert len(plan_file(str(gz), recording, 100).parts) == 1

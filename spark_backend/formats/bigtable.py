@@ -144,7 +144,12 @@ def splittable(head: bytes) -> bool:
     return False
 
 
-def not_lines(stream, head: bytes, origin: str, options: dict[str, str]):
+# A large file is still read in parts, one after another, each handed the parser the part
+# before it left (``formats.in_order``): the parser pickles (``Parser.__getstate__``).
+IN_ORDER = True
+
+
+def not_lines(stream, head: bytes, origin: str, options: dict[str, str], first: int = 1):
     if head != b"Obj\x01":
         return None
     return iter([bad_row(origin, 1, "", "an Avro file, not Bigtable change stream JSON")])
@@ -165,6 +170,21 @@ class _Pending:
         self.messages = 0
         self.type_name = "TYPE_UNSPECIFIED"
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Picklable (handed on to the next part of the file): the generated messages as
+        their wire bytes."""
+        state = dict(self.__dict__)
+        state["dc"] = self.dc.SerializeToString()
+        state["mutations"] = [{**m, "msg": m["msg"].SerializeToString()} for m in self.mutations]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        change = _types()[0]().data_change
+        self.dc = type(change).FromString(state["dc"])
+        mutation = type(change.chunks.add().mutation)
+        self.mutations = [{**m, "msg": mutation.FromString(m["msg"])} for m in state["mutations"]]
+
 
 class Parser:
     """Change stream responses -> rows (``formats.lines``), one file in order."""
@@ -181,6 +201,17 @@ class Parser:
         self.last_elw: dict[str, int] = {}  # the latest watermark emitted per partition
         self.generation: dict[str, str] = {}  # row range -> the token of its latest partition
         self.closed: set[str] = set()
+
+    def __getstate__(self) -> dict[str, Any]:
+        """What the next part of the file needs: everything but the generated classes."""
+        state = dict(self.__dict__)
+        for name in ("Response", "Partition", "json_format"):
+            del state[name]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self.Response, self.Partition, self.json_format = _types()
 
     def _resolve(self, rendered: str) -> str:
         return self.generation.get(rendered, rendered)

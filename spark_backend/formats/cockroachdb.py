@@ -109,12 +109,38 @@ def topic_from_filename(path: str) -> str | None:
 
 
 def splittable(head: bytes) -> bool:
-    """No: without ``diff`` the first version of a key in the file is its INSERT, so a line
-    is read knowing the lines before it."""
-    return False
+    """Yes: every message stands on its own, but for the mod type inferred without ``diff``
+    (the first version of a key in the file is its INSERT), which a part can only tell of the
+    keys it saw; ``import_sql`` makes the later versions of a key UPDATE once every part
+    landed."""
+    return True
 
 
-def not_lines(stream, head: bytes, origin: str, options: dict[str, str]):
+def import_sql(stream: str, pull_id: int) -> list[tuple[str, list[Any]]]:
+    """Statements run once an import's parts landed: a data change whose mod type was
+    inferred INSERT while an earlier message of the same file (by line and place in a webhook
+    batch) had the same table and key becomes UPDATE, as if the file had been read in one
+    piece. The key is the ``record_id`` without its last field (``crdb|table|key``)."""
+    return [("""
+        UPDATE data_change_records AS d SET mod_type = 'UPDATE'
+        FROM (
+            SELECT record_key FROM (
+                SELECT record_key, mod_type,
+                       extra->>'mod_type_inferred' = 'true' AS inferred,
+                       row_number() OVER (
+                           PARTITION BY origin, regexp_replace(record_id, '[|][^|]*$', '')
+                           ORDER BY CAST(extra->>'line' AS BIGINT),
+                                    coalesce(CAST(extra->>'batch_index' AS BIGINT), -1)
+                       ) AS n
+                FROM data_change_records
+                WHERE stream = ? AND pull_id = ? AND record_id LIKE 'crdb|%'
+                  AND NOT regexp_matches(record_id, '[|][{][}][|][^|]*$'))
+            WHERE n > 1 AND inferred AND mod_type = 'INSERT') AS later
+        WHERE d.stream = ? AND d.record_key = later.record_key""",
+             [stream, pull_id, stream])]
+
+
+def not_lines(stream, head: bytes, origin: str, options: dict[str, str], first: int = 1):
     """An Avro container is refused with why (changefeeds write Avro through a registry)."""
     if head != b"Obj\x01":
         return None

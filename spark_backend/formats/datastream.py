@@ -88,15 +88,16 @@ def _json_lines(head: bytes) -> bool:
 
 
 def splittable(head: bytes) -> bool:
-    """JSON Lines: every event stands on its own. Avro: no."""
+    """JSON Lines: every event stands on its own. Avro: not by lines, by its blocks
+    (``block_cuts``)."""
     return head != AVRO_MAGIC and _json_lines(head)
 
 
-def not_lines(stream, head: bytes, origin: str, options: dict[str, str]):
-    """An Avro container's records, or why the file is neither JSON Lines nor Avro; None for
-    JSON Lines."""
+def not_lines(stream, head: bytes, origin: str, options: dict[str, str], first: int = 1):
+    """An Avro container's records (numbered from ``first``), or why the file is neither JSON
+    Lines nor Avro; None for JSON Lines."""
     if head == AVRO_MAGIC:
-        return _parse_avro(stream, origin, options)
+        return _parse_avro(stream, origin, options, first)
     if _json_lines(head):
         return None
     if origin.lower().endswith(".avro"):
@@ -146,7 +147,73 @@ class Parser:
         return iter(())
 
 
-def _parse_avro(f, path: str, options: dict[str, str]) -> Iterator[dict[str, Any]]:
+def _long(f) -> int:
+    """One Avro ``long`` (zig-zag varint); EOFError at the end of the file."""
+    shift = value = 0
+    while True:
+        byte = f.read(1)
+        if not byte:
+            raise EOFError
+        value |= (byte[0] & 0x7F) << shift
+        if byte[0] < 0x80:
+            return (value >> 1) ^ -(value & 1)
+        shift += 7
+        if shift > 63:
+            raise ValueError("an Avro long longer than 10 bytes")
+
+
+def avro_header(f) -> tuple[int, bytes] | None:
+    """(the header's size, the sync marker) of the Avro container open at its start in ``f``,
+    or None when the header cannot be walked (the reader then says why)."""
+    try:
+        if f.read(4) != AVRO_MAGIC:
+            return None
+        while count := _long(f):  # the metadata map, in blocks of entries
+            if count < 0:
+                count = -count
+                _long(f)  # the block's size in bytes
+            for _ in range(2 * count):  # a key and a value per entry
+                f.seek(_long(f), 1)
+        sync = f.read(16)
+    except (EOFError, ValueError):
+        return None
+    return (f.tell(), sync) if len(sync) == 16 else None
+
+
+def block_cuts(path: str, range_bytes: int) -> list[tuple[int, int]]:
+    """Where an Avro container may be cut into parts of about ``range_bytes`` each: (offset
+    of a data block, number of its first record), after the header; a part is read with
+    the file's header before it (``lines.read_part``). Walks the blocks by their sizes and
+    sync markers, reading ~20 bytes per block; the cuts end where the walk fails (the last
+    part then reads on to the failure and says what it is)."""
+    cuts: list[tuple[int, int]] = []
+    with open(path, "rb") as f:
+        header = avro_header(f)
+        if header is None:
+            return cuts
+        last, sync = header
+        records = 0
+        size = f.seek(0, 2)
+        f.seek(last)
+        try:
+            while f.tell() < size:
+                count, length = _long(f), _long(f)
+                if count < 0 or length < 0:
+                    break
+                f.seek(length, 1)
+                if f.read(16) != sync:
+                    break
+                records += count
+                if f.tell() - last >= range_bytes and f.tell() < size:
+                    last = f.tell()
+                    cuts.append((last, records + 1))
+        except (EOFError, ValueError):
+            pass
+    return cuts
+
+
+def _parse_avro(f, path: str, options: dict[str, str], first: int = 1
+                ) -> Iterator[dict[str, Any]]:
     import fastavro
 
     try:
@@ -159,7 +226,7 @@ def _parse_avro(f, path: str, options: dict[str, str]) -> Iterator[dict[str, Any
         return
     column_types = _avro_column_types(reader.writer_schema)
     wrapped = _wrapped_columns(reader.writer_schema)
-    index = 0
+    index = first - 1
     iterator = iter(reader)
     while True:
         try:

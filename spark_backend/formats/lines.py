@@ -3,8 +3,15 @@
 A format module gives ``Parser(origin, options)`` with ``line(number, text)`` (the rows of one
 stripped, non-empty line; a line that is not of the format is a ``bad`` row, never an
 exception) and ``finish()`` (rows owed at the end, e.g. a data change never finished), and may
-give ``not_lines(stream, head, origin, options)``: the rows of a file whose content is not
-lines of text (an Avro container), or None to read lines.
+give ``not_lines(stream, head, origin, options, first)``: the rows of a file whose content is
+not lines of text (an Avro container, its records numbered from ``first``), or None to read
+lines. Such a file may still be read in parts where the format gives ``block_cuts`` (see
+``jobs.import_plan``) and ``avro_header``: a part past the start is read with the file's
+header before its bytes.
+
+A format whose lines are read knowing the lines before them (``formats.in_order``) is read
+in parts one after another: the parser of a part that is not the file's last is handed on,
+pickled, to the part after it (``state``; ``finish`` runs at the end of the last part only).
 
 ``read_part`` reads the lines of one byte range of a file: a range begins at a line start
 (``jobs.import_plan`` chooses them) and owns the lines that begin in it, numbered from the
@@ -24,6 +31,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import io
+import pickle
 import re
 from collections.abc import Iterator
 from types import ModuleType
@@ -107,14 +115,17 @@ class _Range(io.RawIOBase):
 
 def read_part(module: ModuleType, path: str, options: dict[str, str] | None = None,
               start: int = 0, end: int | None = None, first_line: int = 1,
-              origin: str | None = None, seen: dict[str, Any] | None = None
-              ) -> Iterator[dict[str, Any]]:
+              origin: str | None = None, seen: dict[str, Any] | None = None,
+              state: bytes | None = None, last: bool = True) -> Iterator[dict[str, Any]]:
     """Every row of bytes ``[start, end)`` of ``path`` (None: to the end) in ``module``'s
     format, rows naming ``origin`` (default ``path``); never raising.
 
     Any failure (unreadable, a truncated ``.gz``, a parser error) becomes one bad row naming
     the file and why, after the rows read before it. ``seen`` receives the range's ``bytes``
     and ``sha256`` as read, the rest of the range read through even after a failure.
+    ``state``: the pickled parser the part before this one left (None: a new parser); when
+    the range is not the file's ``last``, ``seen["state"]`` receives this part's parser,
+    pickled, and the rows ``finish`` owes wait for the last part.
     """
     origin = origin or path
     options = dict(options or {})
@@ -127,9 +138,12 @@ def read_part(module: ModuleType, path: str, options: dict[str, str] | None = No
         rng = _Range(raw, None if end is None else end - start)
         landed = 0
         try:
+            header = _header(module, raw, start)
             raw.seek(start)
-            for row in _rows(module, io.BufferedReader(rng, 1 << 20), start, first_line,
-                             origin, options):
+            stream = io.BufferedReader(rng if header is None else _Prefixed(header, rng),
+                                       1 << 20)
+            for row in _rows(module, stream, 0 if header else start, first_line,
+                             origin, options, state, None if last else seen):
                 yield previewed(row)
                 landed += 1
         except Exception as e:
@@ -142,6 +156,39 @@ def read_part(module: ModuleType, path: str, options: dict[str, str] | None = No
         seen.update(bytes=rng.size, sha256=rng.digest.hexdigest())
 
 
+class _Prefixed(io.RawIOBase):
+    """``head``, then what ``rest`` reads: a block-aligned part read after its file's header."""
+
+    def __init__(self, head: bytes, rest: _Range):
+        self.head = memoryview(head)
+        self.rest = rest
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        if not self.head:
+            return self.rest.readinto(buffer)
+        n = min(len(buffer), len(self.head))
+        buffer[:n] = self.head[:n]
+        self.head = self.head[n:]
+        return n
+
+
+def _header(module, raw, start: int) -> bytes | None:
+    """The header bytes of a block container (``module.avro_header``) when ``start`` is past
+    it: a part of the file read on its own needs them before its blocks."""
+    walk = getattr(module, "avro_header", None)
+    if start == 0 or walk is None:
+        return None
+    raw.seek(0)
+    found = walk(raw)
+    if found is None:
+        return None
+    raw.seek(0)
+    return raw.read(found[0])
+
+
 def _failed(origin: str, landed: int, e: Exception) -> dict[str, Any]:
     detail = (str(e).strip().splitlines() or [""])[0][:500]
     where = f" past its first {landed:,} row(s)" if landed else ""
@@ -150,22 +197,27 @@ def _failed(origin: str, landed: int, e: Exception) -> dict[str, Any]:
 
 
 def _rows(module, stream, start: int, first_line: int, origin: str,
-          options: dict[str, str]) -> Iterator[dict[str, Any]]:
-    if start == 0:
+          options: dict[str, str], state: bytes | None = None,
+          handed_on: dict[str, Any] | None = None) -> Iterator[dict[str, Any]]:
+    if start == 0 and state is None:
         if stream.peek(2)[:2] == _GZIP:
             stream = gzip.GzipFile(fileobj=stream, mode="rb")
         not_lines = getattr(module, "not_lines", None)
-        other = not_lines(stream, stream.peek(4)[:4], origin, options) if not_lines else None
+        other = (not_lines(stream, stream.peek(4)[:4], origin, options, first_line)
+                 if not_lines else None)
         if other is not None:
             yield from other
             return
-    parser = module.Parser(origin, options)
+    parser = module.Parser(origin, options) if state is None else pickle.loads(state)
     for number, text in _lines(stream, first_line, origin, bom=start == 0):
         if isinstance(text, dict):
             yield text
         elif text:
             yield from parser.line(number, text)
-    yield from parser.finish()
+    if handed_on is None:
+        yield from parser.finish()
+    else:
+        handed_on["state"] = pickle.dumps(parser, protocol=pickle.HIGHEST_PROTOCOL)
 
 
 def _lines(stream, number: int, origin: str, bom: bool) -> Iterator[tuple[int, Any]]:

@@ -28,7 +28,7 @@ from spark_backend.jobs.import_plan import (
 )
 from spark_backend.model.errors import BadInput, InspectorError
 
-# Input bytes of one Spark job at most (see _windows); its results stay below the session's
+# Input bytes of one Spark job at most (see _next_window); its results stay below the session's
 # spark.driver.maxResultSize (spark.session).
 JOB_BYTES = 256 * 1024 * 1024
 # What Spark's error says when a job's results are more than its driver takes back, or more
@@ -269,8 +269,9 @@ def _import_planned(cache, stream, fmt, module, options, say, spark_at, range_by
 
 class _Reading:
     """The Spark jobs of an import: ``window`` tasks per job, so that Spark's driver holds at
-    most that many tasks' results; a progress line per part read; at the end, the check that
-    every file is what was planned (``import_plan.check_unchanged``)."""
+    most that many tasks' results; a part that ``follows`` another waits for a later job
+    than that part's, and receives the parser it left; a progress line per part read; at the
+    end, the check that every file is what was planned (``import_plan.check_unchanged``)."""
 
     def __init__(self, plan: _Plan, tasks: list[list[Part]], say: Callable[[str], None]):
         self.plan = plan
@@ -279,6 +280,9 @@ class _Reading:
         self.parts = sum(len(t) for t in tasks)
         self.size = sum(f.size for f in plan.files)
         self.read: dict[tuple[str, int], tuple[int, str]] = {}
+        self.states: dict[tuple[str, int], bytes] = {}  # (path, end) -> the parser it left
+        self.ends = {(p.path, p.start): p.end for task in tasks for p in task}
+        self.ended: set[tuple[str, int]] = set()  # (path, end) of the parts read
         self.done_bytes = self.rows = self.bad = 0
 
     def started(self) -> str:
@@ -292,9 +296,12 @@ class _Reading:
         from spark_backend.spark.file_parts import parts_frame, unpacked
         from spark_backend.spark.session import arrow_batches, task_slots
 
-        for window in _windows(self.tasks, max(2, 2 * task_slots(spark))):
-            specs = [[(p.path, p.start, p.end, p.first_line, shipped.get(p.path), p.named)
-                      for p in task] for task in window]
+        waiting = list(self.tasks)
+        while waiting:
+            window, waiting = _next_window(waiting, max(2, 2 * task_slots(spark)), self.ended)
+            specs = [[(p.path, p.start, p.end, p.first_line, shipped.get(p.path), p.named,
+                       self.states.pop((p.path, p.start), None) if p.follows else None,
+                       p.last) for p in task] for task in window]
             try:
                 for item in unpacked(arrow_batches(spark, parts_frame(spark, fmt, specs,
                                                                       options))):
@@ -311,9 +318,14 @@ class _Reading:
         check_unchanged(self.plan.files, self.read)
 
     def _part_read(self, marker: dict[str, Any]) -> None:
-        """Count a part read; tell it when it is the first, the last or one more percent of
-        the parts (a folder of 10,000 files is 100 lines, not 10,000)."""
-        self.read[(marker["path"], marker["start"])] = (marker["bytes"], marker["sha256"])
+        """Count a part read and keep the parser it hands on; tell it when it is the first,
+        the last or one more percent of the parts (a folder of 10,000 files is 100 lines,
+        not 10,000)."""
+        key = (marker["path"], marker["start"])
+        self.read[key] = (marker["bytes"], marker["sha256"])
+        self.ended.add((key[0], self.ends[key]))
+        if marker.get("state") is not None:
+            self.states[(key[0], self.ends[key])] = marker["state"]
         self.done_bytes += marker["bytes"] or 0
         done = len(self.read)
         if 1 < done < self.parts and done * 100 // self.parts == (done - 1) * 100 // self.parts:
@@ -323,21 +335,32 @@ class _Reading:
                  f"record(s), {self.bad:,} bad line(s)")
 
 
-def _windows(tasks: list[list[Part]], most: int) -> Iterator[list[list[Part]]]:
-    """The tasks in order, in jobs of at most ``most`` tasks and ``JOB_BYTES`` of input (a
-    larger task alone): Spark's driver holds one job's results at a time, and a job's results
-    (packed, compressed) stay below its ``spark.driver.maxResultSize``."""
+def _next_window(waiting: list[list[Part]], most: int, ended: set[tuple[str, int]]
+                 ) -> tuple[list[list[Part]], list[list[Part]]]:
+    """(the next job's tasks, the tasks left): in order, at most ``most`` tasks and
+    ``JOB_BYTES`` of input (a larger task alone), leaving for a later job every task whose
+    first part ``follows`` a part not read yet (``ended``: (path, end) of the parts read),
+    and the tasks of that file after it. Never empty while tasks wait."""
     window: list[list[Part]] = []
+    later: list[list[Part]] = []
+    blocked: set[str] = set()
     size = 0
-    for task in tasks:
+    for i, task in enumerate(waiting):
+        first = task[0]
+        if (first.follows and (first.path, first.start) not in ended) or first.path in blocked:
+            later.append(task)
+            blocked.add(first.path)
+            continue
         length = sum(p.end - p.start for p in task)
         if window and (len(window) >= most or size + length > JOB_BYTES):
-            yield window
-            window, size = [], 0
+            later.extend(waiting[i:])
+            break
         window.append(task)
+        blocked.update(p.path for p in task if not p.last)
         size += length
-    if window:
-        yield window
+    if not window:  # only when a part before was not told as read: its job failed
+        window, later = later[:1], later[1:]
+    return window, later
 
 
 def _one_big_piece(window: list[list[Part]]) -> bool:
@@ -381,8 +404,10 @@ def _mb(size: int) -> str:
 
 def _bookkeeping(stream: str, fmt: str, pull_id: int, plan: _Plan,
                  tally: _Tally) -> list[tuple[str, list[Any]]]:
-    """The import's last statements: a row per file read in ``imports``, the files none of
-    whose lines is of ``fmt`` folded into one quarantine entry each, the unread files."""
+    """The import's last statements: the format's own (``import_sql``), a row per file read
+    in ``imports``, the files none of whose lines is of ``fmt`` folded into one quarantine
+    entry each, the unread files."""
+    own = getattr(formats.get(fmt), "import_sql", None)
     counts = [tally.per_file.get(f.named, (0, 0)) for f in plan.files]
     sql = [("INSERT INTO imports (stream, path, sha256, format, records, bad, pull_id) "
             "SELECT ?, unnest(?::VARCHAR[]), unnest(?::VARCHAR[]), ?, unnest(?::BIGINT[]), "
@@ -392,7 +417,8 @@ def _bookkeeping(stream: str, fmt: str, pull_id: int, plan: _Plan,
     sizes = {f.named: (f.named_size, f.sha256) for f in plan.files}
     for origin, why in tally.not_format(fmt):
         sql += _not_format_sql(stream, pull_id, origin, why, *sizes[origin])
-    return sql + _quarantine_sql(stream, plan.failed, pull_id)
+    return (own(stream, pull_id) if own else []) + sql + _quarantine_sql(stream, plan.failed,
+                                                                         pull_id)
 
 
 def _not_format_sql(stream: str, pull_id: int, origin: str, why: str, size: int,

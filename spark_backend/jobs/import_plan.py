@@ -5,8 +5,11 @@ file is still what was planned.
 Bounded memory at any size: a part holds at most about ``RANGE_BYTES`` of its file (a line
 never splits, so a part ends at the first line end past the bound), a task at most that many
 bytes or ``TASK_FILES`` files, and a task's results are what one part or a few small files
-give. Files a format cannot read in pieces (``formats.<module>.splittable``) are one part
-each. A ``.gz`` file of a format read in pieces is decompressed into a staging folder first
+give. Files of a format whose lines depend on the lines before them (``formats.in_order``)
+are cut the same way, each part after the first marked ``follows``; an Avro container is cut
+between its data blocks where the format gives ``block_cuts``: it is read after the part
+before it, with the parser that part left. Files a format cannot read in pieces at all are
+one part each. A ``.gz`` file of a format read in pieces is decompressed into a staging folder first
 (``plan_gzip``) and its copy cut like any file: its identity (SHA-256, size, the ``origin`` its
 rows name) stays the ``.gz`` file's, its line numbers are those of its content. A ``.gz`` file
 of any other format, or one that does not decompress, is one part read as it is.
@@ -23,9 +26,10 @@ import gzip
 import hashlib
 import os
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import ModuleType
 
+from spark_backend.formats import in_order
 from spark_backend.model.errors import BadInput, InspectorError
 
 RANGE_BYTES = 32 * 1024 * 1024
@@ -43,6 +47,8 @@ class Part:
     first_line: int
     sha256: str
     origin: str = ""  # the file the rows name when not ``path`` (a staged copy's ``.gz``)
+    follows: bool = False  # read after the part before it, with the parser it left
+    last: bool = True  # the file's last part (its parser's ``finish`` rows come here)
 
     @property
     def named(self) -> str:
@@ -72,8 +78,11 @@ class PlannedFile:
 class _Cutter:
     """Hashes a file chunk by chunk; with ``range_bytes``, also cuts it into parts."""
 
-    def __init__(self, path: str, range_bytes: int | None, origin: str = ""):
+    def __init__(self, path: str, range_bytes: int | None, origin: str = "",
+                 cuts: list[tuple[int, int]] | None = None):
         self.path = path
+        self.cuts = list(cuts or [])  # (offset, first record) where blocks may be cut
+        self.by_blocks = bool(self.cuts)
         self.origin = origin
         self.range_bytes = range_bytes
         self.whole = hashlib.sha256()
@@ -84,6 +93,9 @@ class _Cutter:
 
     def feed(self, chunk: bytes) -> None:
         self.whole.update(chunk)
+        if self.by_blocks:
+            self._feed_cuts(chunk)
+            return
         if self.range_bytes is None:
             self.pos += len(chunk)
             return
@@ -93,6 +105,18 @@ class _Cutter:
             i = j + 1
         self.part.update(memoryview(chunk)[i:])
         self.newlines += chunk.count(b"\n", i)
+        self.pos += len(chunk)
+
+    def _feed_cuts(self, chunk: bytes) -> None:
+        """Cut at the block offsets given, a part's first "line" the number of its first
+        record."""
+        i = 0
+        while self.cuts and self.cuts[0][0] <= self.pos + len(chunk):
+            offset, first = self.cuts.pop(0)
+            self._cut(chunk, i, offset - self.pos)
+            self.first_line = first
+            i = offset - self.pos
+        self.part.update(memoryview(chunk)[i:])
         self.pos += len(chunk)
 
     def _cut(self, chunk: bytes, i: int, j: int) -> None:
@@ -105,13 +129,17 @@ class _Cutter:
         self.newlines = 0
         self.part = hashlib.sha256()
 
-    def close(self) -> list[Part]:
+    def close(self, in_order: bool = False) -> list[Part]:
+        """The parts; with ``in_order``, each after the first ``follows`` the one before."""
         if self.range_bytes is None:
             return [Part(self.path, 0, self.pos, 1, self.whole.hexdigest(), self.origin)]
         if self.pos > self.start or not self.parts:
             self.parts.append(Part(self.path, self.start, self.pos, self.first_line,
                                    self.part.hexdigest(), self.origin))
-        return self.parts
+        if not in_order:
+            return self.parts
+        last = len(self.parts) - 1
+        return [replace(p, follows=i > 0, last=i == last) for i, p in enumerate(self.parts)]
 
 
 def plan_file(path: str, module: ModuleType, range_bytes: int = RANGE_BYTES,
@@ -121,13 +149,16 @@ def plan_file(path: str, module: ModuleType, range_bytes: int = RANGE_BYTES,
     st = os.stat(path)
     with open(path, "rb") as f:
         head = f.read(4)
-        split = head[:2] != _GZIP and module.splittable(head)
-        cutter = _Cutter(path, range_bytes if split else None, origin)
+        ordered = head[:2] != _GZIP and in_order(module, head)
+        split = head[:2] != _GZIP and (module.splittable(head) or ordered)
+        blocks = getattr(module, "block_cuts", None)
+        cuts = blocks(path, range_bytes) if blocks and head == b"Obj\x01" else None
+        cutter = _Cutter(path, range_bytes if split or cuts else None, origin, cuts)
         cutter.feed(head)
         while chunk := f.read(1 << 20):
             cutter.feed(chunk)
     return PlannedFile(path, st.st_size, st.st_mtime_ns, cutter.whole.hexdigest(),
-                       cutter.close())
+                       cutter.close(ordered))
 
 
 class _Hashing:
@@ -162,7 +193,7 @@ def plan_gzip(path: str, module: ModuleType, staging: str,
         try:
             with gzip.GzipFile(fileobj=source, mode="rb") as unzipped:
                 head = unzipped.read(4)
-                if not module.splittable(head):
+                if not (module.splittable(head) or in_order(module, head)):
                     return None
                 _copy_out(unzipped, head, copy, path)
         except (EOFError, zlib.error, gzip.BadGzipFile):
