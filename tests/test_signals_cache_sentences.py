@@ -209,3 +209,20 @@ def test_a_signal_to_a_report_is_one_sentence_and_its_exit_code(landed, tmp_path
     assert proc.returncode == 128 + sig
     assert err == said
     assert out == ""
+
+
+def test_an_imports_duckdb_failure_is_named_as_the_caches_not_sparks(tmp_path):
+    """The import's landing runs inside its Spark step: DuckDB's own error (here its memory
+    limit) must reach ``cache_failure``, which names the cache and $CSI_DUCKDB_MEMORY, not
+    be told as a Spark job that failed."""
+    from spark_backend.jobs.files import _spark_step
+
+    def landing():
+        raise duckdb.OutOfMemoryException("Out of Memory Error: failed to pin block of size "
+                                          "256.0 KiB (121.9 MiB/122.0 MiB used)")
+
+    with pytest.raises(duckdb.OutOfMemoryException) as raised:
+        _spark_step(landing, "failed; nothing of it was kept")
+    said = cache_failure(tmp_path / "c.duckdb", raised.value)
+    assert said.startswith("DuckDB ran out of its memory limit on the cache ")
+    assert "CSI_DUCKDB_MEMORY" in said and "Spark" not in said

@@ -154,20 +154,31 @@ _MAY_BE_CACHED = """({by_id} OR g.partition_token IS NULL OR g.ts_ns IS NULL
                         AND p.data_change_records + p.heartbeats > 0))))"""
 
 
-def _mark_known(con, staged: str, stored: str, match: str, stream: str) -> None:
-    """Set ``known`` on the staged rows that may be cached and are (see ``_MAY_BE_CACHED``)."""
+def _mark_known(con, staged: str, found: str, match: str, stream: str) -> None:
+    """Set ``known`` on the staged rows that may be cached and are (see ``_MAY_BE_CACHED``).
+
+    ``found``: the stored rows' keys SEMI JOIN ``maybe`` (the staged rows that may be cached),
+    so that the join's hash table holds the batch's keys. Looked up the other way round
+    (``EXISTS`` from the staged rows) the table holds the cache's keys, and an import whose
+    records all carry their own identity (a changefeed's, all ``maybe``) runs out of its
+    DuckDB memory a million records in. ``match``: a staged row (``s``) against a found one
+    (``f``)."""
     (maybe,) = con.execute(f"SELECT count(*) FROM {staged} WHERE maybe").fetchone()
     if maybe:
-        con.execute(f"UPDATE {staged} SET known = true WHERE maybe AND EXISTS "
-                    f"(SELECT 1 FROM {stored} WHERE {match})", [stream])
+        con.execute(f"CREATE OR REPLACE TEMP TABLE _found AS "
+                    f"WITH maybe AS (SELECT * FROM {staged} WHERE maybe) {found}", [stream])
+        con.execute(f"UPDATE {staged} s SET known = true WHERE maybe AND EXISTS "
+                    f"(SELECT 1 FROM _found f WHERE {match})")
+        con.execute("DROP TABLE _found")
 
 
 # A batch's data change records (``_dc``), one row per record key: its first copy and how
-# many copies the batch holds (``_DC_GROUPED``). A pull's batches (each partition read once
-# from where it stopped) repeat no key and hold no record that may be stored already: there
+# many copies the batch holds (``_DC_GROUPED``). A batch that repeats no key (a pull's: each
+# partition read once from where it stopped; most chunks of an import) needs no grouping:
 # ``_dc`` keeps only the narrow columns (``_DC_NARROW``) and the records go from the batch
-# to the stored tables as they are (``_DC_AS_THEY_ARE``): grouping and copying every column
-# would fill a pull's DuckDB memory and spill to temporary files (benchmarks/MEMORY.md).
+# to the stored tables as they are (``_DC_AS_THEY_ARE``), less those found stored already:
+# grouping and copying every column would fill a pull's DuckDB memory and spill to temporary
+# files (benchmarks/MEMORY.md).
 _DC_WIDE = """partition_token, ts_ns, record_sequence, server_transaction_id,
     is_last_record_in_transaction_in_partition AS is_last, table_name,
     value_capture_type AS vct, column_types, mods, mod_type,
@@ -222,19 +233,18 @@ def _data_change(con, stream, pull_id, count_existing, summarize) -> tuple[int, 
     (repeated,) = con.execute(
         f"SELECT count(*) - count(DISTINCT {_KEY}) FROM _batch WHERE kind = 'data_change'"
     ).fetchone()
-    new = False
-    if not repeated:
-        _stage_data_change(con, stream, grouped=False)
-        (new,) = con.execute(
-            "SELECT NOT coalesce(bool_or(coalesce(maybe OR here, true)), false) FROM _dc"
-        ).fetchone()
-    if new:  # every record (if any) is new, one copy each: straight from the batch
-        rows = _DC_AS_THEY_ARE
-    else:
-        _stage_data_change(con, stream, grouped=True)
+    _stage_data_change(con, stream, grouped=bool(repeated))
+    _mark_known(con, "_dc",
+                "SELECT d.record_key FROM data_change_records d SEMI JOIN maybe m "
+                "ON d.record_key = m.record_key WHERE d.stream = ?",
+                "f.record_key = s.record_key", stream)
+    if repeated:
         rows = "_dc"
-    _mark_known(con, "_dc", "data_change_records d",
-                "d.stream = ? AND d.record_key = _dc.record_key", stream)
+    elif con.execute("SELECT coalesce(bool_or(known), false) FROM _dc").fetchone()[0]:
+        rows = (f"(SELECT * FROM {_DC_AS_THEY_ARE} WHERE record_key NOT IN "
+                "(SELECT record_key FROM _dc WHERE known))")
+    else:  # every record (if any) is new, one copy each: straight from the batch
+        rows = _DC_AS_THEY_ARE
     counted = "known" if count_existing else "here"
     known_n, new_n, new_dups = con.execute(
         f"SELECT coalesce(sum(n) FILTER (WHERE {counted}), 0), count(*) FILTER (WHERE NOT known), "
@@ -292,9 +302,12 @@ def _heartbeats(con, stream, pull_id, count_existing) -> tuple[int, int]:
         FROM g""",
         {"stream": stream},
     )
-    _mark_known(con, "_hb", "heartbeats h",
-                "h.stream = ? AND h.partition_token = _hb.partition_token "
-                "AND h.timestamp = make_timestamp_ns(_hb.ts_ns)", stream)
+    _mark_known(con, "_hb",
+                "SELECT h.partition_token, h.timestamp FROM heartbeats h SEMI JOIN maybe m "
+                "ON h.partition_token = m.partition_token "
+                "AND h.timestamp = make_timestamp_ns(m.ts_ns) WHERE h.stream = ?",
+                "f.partition_token = s.partition_token "
+                "AND f.timestamp = make_timestamp_ns(s.ts_ns)", stream)
     counted = "known" if count_existing else "here"
     new_n, new_dups, known_n = con.execute(
         "SELECT count(*) FILTER (WHERE NOT known), "

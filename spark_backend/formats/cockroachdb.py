@@ -116,28 +116,40 @@ def splittable(head: bytes) -> bool:
     return True
 
 
+# ``import_sql`` works on one share of the keys at a time (by hash), so that its per-key
+# table holds a share of a file's keys: a file of a million keys fits the 128 MB an import's
+# DuckDB has (config.IMPORT_MEMORY_LIMIT).
+_KEY_SHARES = 8
+
+
+def _crdb(t: str) -> dict[str, str]:
+    """SQL of table ``t``'s changefeed records: its rows of the import, key, position."""
+    return {
+        "rows": f"""{t}.stream = ? AND {t}.pull_id = ? AND {t}.record_id LIKE 'crdb|%'
+            AND NOT regexp_matches({t}.record_id, '[|][{{][}}][|][^|]*$')""",
+        "key": f"regexp_replace({t}.record_id, '[|][^|]*$', '')",
+        "position": f"""[CAST({t}.extra->>'line' AS BIGINT),
+            coalesce(CAST({t}.extra->>'batch_index' AS BIGINT), -1)]""",
+    }
+
+
 def import_sql(stream: str, pull_id: int) -> list[tuple[str, list[Any]]]:
     """Statements run once an import's parts landed: a data change whose mod type was
     inferred INSERT while an earlier message of the same file (by line and place in a webhook
     batch) had the same table and key becomes UPDATE, as if the file had been read in one
-    piece. The key is the ``record_id`` without its last field (``crdb|table|key``)."""
-    return [("""
+    piece. The key is the ``record_id`` without its last field (``crdb|table|key``); each
+    inferred INSERT is compared with its key's first version in the file."""
+    a, d = _crdb("a"), _crdb("d")
+    sql = f"""
         UPDATE data_change_records AS d SET mod_type = 'UPDATE'
-        FROM (
-            SELECT record_key FROM (
-                SELECT record_key, mod_type,
-                       extra->>'mod_type_inferred' = 'true' AS inferred,
-                       row_number() OVER (
-                           PARTITION BY origin, regexp_replace(record_id, '[|][^|]*$', '')
-                           ORDER BY CAST(extra->>'line' AS BIGINT),
-                                    coalesce(CAST(extra->>'batch_index' AS BIGINT), -1)
-                       ) AS n
-                FROM data_change_records
-                WHERE stream = ? AND pull_id = ? AND record_id LIKE 'crdb|%'
-                  AND NOT regexp_matches(record_id, '[|][{][}][|][^|]*$'))
-            WHERE n > 1 AND inferred AND mod_type = 'INSERT') AS later
-        WHERE d.stream = ? AND d.record_key = later.record_key""",
-             [stream, pull_id, stream])]
+        FROM (SELECT a.origin, {a["key"]} AS crdb_key, min({a["position"]}) AS first
+              FROM data_change_records AS a
+              WHERE {a["rows"]} AND hash(a.origin, {a["key"]}) % {_KEY_SHARES} = ?
+              GROUP BY ALL) AS f
+        WHERE {d["rows"]} AND d.mod_type = 'INSERT'
+          AND (d.extra->>'mod_type_inferred') = 'true'
+          AND d.origin = f.origin AND {d["key"]} = f.crdb_key AND {d["position"]} > f.first"""
+    return [(sql, [stream, pull_id, share, stream, pull_id]) for share in range(_KEY_SHARES)]
 
 
 def not_lines(stream, head: bytes, origin: str, options: dict[str, str], first: int = 1):

@@ -14,6 +14,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import duckdb
+
 from spark_backend import formats
 from spark_backend.cache.store import Cache
 from spark_backend.formats import recording
@@ -308,7 +310,7 @@ class _Reading:
                     if isinstance(item, dict):
                         self._part_read(item)
                         continue
-                    self.rows += item.num_rows
+                    self.rows += pc.sum(_is_record(item)).as_py() or 0
                     self.bad += pc.sum(pc.equal(item.column("kind"), "bad")).as_py() or 0
                     yield item
             except Exception as e:
@@ -331,7 +333,7 @@ class _Reading:
         if 1 < done < self.parts and done * 100 // self.parts == (done - 1) * 100 // self.parts:
             return
         self.say(f"read {len(self.read):,} of {self.parts:,} part(s), "
-                 f"{_mb(self.done_bytes)} of {_mb(self.size)}: {self.rows - self.bad:,} "
+                 f"{_mb(self.done_bytes)} of {_mb(self.size)}: {self.rows:,} "
                  f"record(s), {self.bad:,} bad line(s)")
 
 
@@ -438,16 +440,28 @@ def _not_format_sql(stream: str, pull_id: int, origin: str, why: str, size: int,
 
 
 def _spark_step(step: Callable[[], Any], what: str) -> Any:
-    """Run ``step``; a failure of Spark's own (not ours) is one sentence naming its log."""
+    """Run ``step``; a failure of Spark's own (not ours) is one sentence naming its log. The
+    cache's (DuckDB's: its memory limit, a full disk) stay theirs: ``cache_failure`` names
+    them."""
     from spark_backend.spark.session import SparkUnavailable, one_line, spark_log_path
 
     try:
         return step()
-    except (InspectorError, KeyboardInterrupt, SystemExit):
+    except (InspectorError, duckdb.Error, KeyboardInterrupt, SystemExit):
         raise
     except Exception as e:
         raise SparkUnavailable(f"The import's Spark job {what} ({one_line(e)}); Spark's log "
                                f"is {spark_log_path()}.") from e
+
+
+def _is_record(table: Any) -> Any:
+    """Which rows of ``table`` are records of the stream: neither a bad line nor the row a
+    reader writes where it stops reading a partition (``records.partition_end``)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    not_records = pa.array(["bad", "partition_end"])
+    return pc.invert(pc.is_in(table.column("kind"), value_set=not_records))
 
 
 class _Tally:
@@ -464,7 +478,7 @@ class _Tally:
 
         bad = pc.equal(table.column("kind"), "bad")
         counts = pa.table({"origin": table.column("origin"),
-                           "good": pc.cast(pc.invert(bad), pa.int64()),
+                           "good": pc.cast(_is_record(table), pa.int64()),
                            "bad": pc.cast(bad, pa.int64())}).group_by("origin").aggregate(
             [("good", "sum"), ("bad", "sum")])
         for origin, good, nbad in zip(*(counts.column(c).to_pylist() for c in
