@@ -1,7 +1,9 @@
 """Shared session state and shareable URLs.
 
 The stream, the range, the selected partition and the opened transaction live in
-``st.query_params`` (so a URL can be shared) and are mirrored in ``st.session_state``.
+``st.query_params`` (so a URL can be shared); the stream and range are also widgets' values,
+and the selected partition is kept in ``st.session_state`` for the pages a sidebar link opens
+without parameters.
 ``main.py`` calls :func:`load` once per run; pages read :func:`ctx` and call the setters.
 """
 
@@ -65,11 +67,24 @@ def take_chosen_stream() -> str | None:
 
 
 def selected_partition() -> str | None:
-    return param("partition")
+    """The partition the URL names; without one, the one this session last selected on the
+    same stream, put back in the URL: the sidebar's page links carry no URL parameters, and
+    the partition travels with the user from page to page."""
+    stream, token = param("stream"), param("partition")
+    if token:
+        st.session_state["partition"] = (stream, token)
+        return token
+    kept = st.session_state.get("partition")
+    if kept and kept[0] == stream:
+        set_param("partition", kept[1])
+        return kept[1]
+    return None
 
 
 def select_partition(token: str | None) -> None:
+    """Select ``token`` (None: no partition) in the URL and for the session's next pages."""
     set_param("partition", token)
+    st.session_state["partition"] = (param("stream"), token) if token else None
 
 
 def opened_transaction() -> str | None:

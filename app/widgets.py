@@ -161,6 +161,7 @@ def go_to_step(steps: list[walkthrough.Step], index: int) -> None:
         params["at"] = timestamp(step.at_ns)
     if step.partition:
         params["partition"] = step.partition
+    state.select_partition(step.partition)  # a step without one shows none, even remembered
     if step.txn:
         params["txn"] = step.txn
     st.session_state["highlight"] = step.highlight

@@ -19,6 +19,13 @@ Python workers, as resident set (peak ``VmHWM`` of each) and proportional set si
 of ``/proc/<pid>/smaps_rollup``, sampled every 0.2 s; the sum over the tree at its highest).
 
     python benchmarks/import_time.py --recording-mb 1000 --small-files 10000
+
+``--changefeed-messages N`` imports a CockroachDB changefeed of N messages over 100,000 keys
+(each key's later versions become UPDATE after the parts landed) and ``--bigtable-changes N``
+a Bigtable change stream feed of N data changes, each value in two chunks on two lines (read
+part after part, in order):
+
+    python benchmarks/import_time.py --changefeed-messages 3000000 --bigtable-changes 1000000
 """
 
 from __future__ import annotations
@@ -134,8 +141,9 @@ def _measured(argv: list[str], work: Path) -> tuple[float, str, dict[str, int], 
         pids = [proc.pid, *_tree(proc.pid)]
         pss_peak = max(pss_peak, sum(_pss(p) for p in pids))
         for pid in pids:
-            role = _role(pid, proc.pid)
-            peaks[role] = max(peaks.get(role, 0), _status(pid, "VmHWM"))
+            role, peak = _role(pid, proc.pid), _status(pid, "VmHWM")
+            if role != "?" and peak:  # not a process that ended while it was looked at
+                peaks[role] = max(peaks.get(role, 0), peak)
         time.sleep(0.2)
     proc.wait()
     out_file.seek(0)
@@ -148,24 +156,44 @@ def _measured(argv: list[str], work: Path) -> tuple[float, str, dict[str, int], 
     return time.perf_counter() - began, out, peaks, pss_peak
 
 
-def _large(args) -> None:
-    from tests.support.import_inputs import write_recording, write_small_files
+def _inputs(args, work: Path) -> list[tuple[str, str, Path]]:
+    """(what, format, path) of each large input the arguments ask for, written in ``work``."""
+    from tests.support.import_inputs import (
+        write_bigtable_feed,
+        write_changefeed,
+        write_recording,
+        write_small_files,
+    )
 
+    runs = []
+    if args.recording_mb:
+        rec = work / "big.jsonl"
+        lines, bad = write_recording(rec, args.recording_mb * 1_000_000)
+        runs.append((f"recording, {lines:,} lines ({bad} bad)", "recording", rec))
+    if args.small_files:
+        write_small_files(work / "many", args.small_files)
+        runs.append((f"folder of {args.small_files:,} one-line files", "recording",
+                     work / "many"))
+    if args.changefeed_messages:
+        feed = work / "feed.ndjson"
+        write_changefeed(feed, args.changefeed_messages)
+        runs.append((f"changefeed, {args.changefeed_messages:,} messages", "cockroachdb", feed))
+    if args.bigtable_changes:
+        feed = work / "bigtable.jsonl"
+        lines = write_bigtable_feed(feed, args.bigtable_changes)
+        runs.append((f"Bigtable feed, {lines:,} lines", "bigtable", feed))
+    return runs
+
+
+def _large(args) -> None:
     with tempfile.TemporaryDirectory(prefix="import-large-") as tmp:
         work = Path(tmp)
-        runs = []
-        if args.recording_mb:
-            rec = work / "big.jsonl"
-            lines, bad = write_recording(rec, args.recording_mb * 1_000_000)
-            runs.append((f"recording of {rec.stat().st_size / 1e6:,.0f} MB, {lines:,} lines "
-                         f"({bad} bad)", rec))
-        if args.small_files:
-            write_small_files(work / "many", args.small_files)
-            runs.append((f"folder of {args.small_files:,} one-line files", work / "many"))
-        for label, path in runs:
+        for label, fmt, path in _inputs(args, work):
+            if path.is_file():
+                label += f", {path.stat().st_size / 1e6:,.0f} MB"
             took, out, peaks, pss = _measured(
                 [sys.executable, "-m", "spark_backend", "import", "--cache",
-                 str(work / f"{path.name}.duckdb"), "--format", "recording", "--stream", "s",
+                 str(work / f"{path.name}.duckdb"), "--format", fmt, "--stream", "s",
                  str(path)], work)
             summary = next(x for x in out.splitlines() if x.startswith("s: imported"))
             print(f"{label}: {took:,.1f} s; {summary}")
@@ -180,8 +208,10 @@ def main() -> None:
     parser.add_argument("--cold", type=int, default=1)
     parser.add_argument("--recording-mb", type=int, default=0)
     parser.add_argument("--small-files", type=int, default=0)
+    parser.add_argument("--changefeed-messages", type=int, default=0)
+    parser.add_argument("--bigtable-changes", type=int, default=0)
     args = parser.parse_args()
-    if args.recording_mb or args.small_files:
+    if args.recording_mb or args.small_files or args.changefeed_messages or args.bigtable_changes:
         _large(args)
         return
     from tests.support.cluster import connect_server

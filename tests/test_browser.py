@@ -5,7 +5,9 @@ What a person sees, checked in the rendered page: the DAG's plot area carries it
 (rendered SVG paths and pixel ink) for the demo and for a 2,000-partition world; five clicks on
 five bars select five partitions; a shared Watermarks URL restores its moment; link, image and
 HTML payloads in URL parameters, partition tokens and transaction ids render as text; the HTML
-report draws offline; the live demo advances. Screenshots go to screenshots/ (ignored by git).
+report draws offline; the live demo advances; the SQL console answers each hostile query
+(a setting, a checkpoint, a file read, a memory bomb, an oversized answer) with its sentence
+and still answers the next plain one. Screenshots go to screenshots/ (ignored by git).
 """
 
 from __future__ import annotations
@@ -417,6 +419,31 @@ def test_five_clicks_select_five_partitions(page, server):
     page.screenshot(path=str(SHOTS / "dag-selected.png"), full_page=True)
 
 
+def test_the_selected_partition_travels_through_the_sidebars_links(page, server):
+    """A partition clicked on the DAG is still selected on the pages the sidebar opens (its
+    links carry no URL parameters) and is back in their URL."""
+    _open(page, server, "dag", "?stream=DemoStream")
+    target = page.evaluate(_BAR_JS, 4)
+    page.mouse.click(target["x"], target["y"])
+    page.wait_for_function("t => new URLSearchParams(location.search).get('partition') === t",
+                           arg=target["token"], timeout=HANG_MS)
+    _settle(page, 1.0)
+    sidebar = page.locator('[data-testid="stSidebarNav"]')
+    for title in ("Records", "Watermarks", "Partition DAG"):
+        sidebar.get_by_role("link", name=title).click()
+        page.wait_for_function(
+            "t => new URLSearchParams(location.search).get('partition') === t",
+            arg=target["token"], timeout=HANG_MS)
+        _settle(page, 1.0)
+        assert not page.query_selector('[data-testid="stException"]'), title
+        page.screenshot(path=str(SHOTS / f"partition-travels-{title}.png"), full_page=True)
+        chosen = page.locator('[data-testid="stSelectbox"] input[aria-label="Partition"]')
+        if chosen.count():  # Records and the DAG: their partition list shows it chosen
+            assert chosen.first.input_value() == target["token"], title
+        else:  # Watermarks: drilled into it
+            assert target["token"] in _text(page, '[data-testid="stMain"]'), title
+
+
 # --- a shared Watermarks URL restores its moment -----------------------------------------------
 
 
@@ -506,6 +533,45 @@ def test_tokens_and_transaction_ids_render_as_text(page, server):
         _open(page, server, name, "?stream=Payloads")
         _no_payload_formed(page)
     page.screenshot(path=str(SHOTS / "payloads-transactions.png"), full_page=True)
+
+
+# --- the SQL console -----------------------------------------------------------------------------
+
+# Hostile queries and the words of the sentence each must show (``app/sql_console``).
+HOSTILE = {
+    "CALL enable_logging(storage='file', storage_path='/tmp/x')": "The console is read-only",
+    "CHECKPOINT": "The console is read-only",
+    "SELECT * FROM read_text('/etc/passwd')": "reads only the cache's own tables",
+    "SELECT len(range(1000000000))": "MB of memory, the console's limit",
+    "SELECT repeat('x', 1000000) FROM range(100)": "The answer is larger than 32 MB",
+}
+
+
+def _run_sql(page, sql: str) -> None:
+    box = page.locator('[data-testid="stTextArea"] textarea')
+    box.fill(sql)
+    box.press("Control+Enter")  # Streamlit takes a text area's value on Ctrl+Enter or blur
+    _settle(page, 1.0)
+    page.get_by_role("button", name="Run").click()
+    _settle(page)
+
+
+def test_console_refuses_hostile_queries_in_a_sentence_and_keeps_serving(page, server):
+    """Each hostile query shows its one sentence (no raw exception, no Streamlit size box),
+    and the same server still answers a plain query after every one of them."""
+    _open(page, server, "sql", "?stream=DemoStream")
+    for sql, words in HOSTILE.items():
+        _run_sql(page, sql)
+        alerts = page.locator('[data-testid="stAlert"]').all_inner_texts()
+        assert len(alerts) == 1 and words in alerts[0], (sql, alerts)
+        assert "\n" not in alerts[0].strip(), f"one sentence, not a traceback: {alerts[0]}"
+        assert not page.query_selector('[data-testid="stException"]'), sql
+        assert "MessageSizeError" not in _text(page, '[data-testid="stMain"]'), sql
+        _run_sql(page, "SELECT 6 * 7 AS answer")
+        assert page.locator('[data-testid="stAlert"]').count() == 0, sql
+        assert page.get_by_text("1 rows", exact=True).count() == 1, sql
+        assert page.locator('[data-testid="stDataFrame"]').count() >= 1, sql
+    page.screenshot(path=str(SHOTS / "sql-after-hostile.png"), full_page=True)
 
 
 # --- the HTML report draws offline ---------------------------------------------------------------

@@ -18,7 +18,7 @@ import pytest
 
 from spark_backend.formats import recording
 from spark_backend.jobs.import_plan import plan_gzip
-from tests.support.import_inputs import write_recording
+from tests.support.import_inputs import write_bigtable_feed, write_recording
 from tests.support.imports import cache_contents
 
 pytestmark = pytest.mark.slow
@@ -187,44 +187,6 @@ def test_jobs_hold_at_most_job_bytes_of_input_and_most_tasks():
     assert [len(w) for w in windows_of([task(mb)] * 10, 4)] == [4, 4, 2]
 
 
-def _bigtable_feed(path: Path, changes: int) -> None:
-    """One partition's responses: data changes whose value comes in two chunks on two lines
-    (a CONTINUATION), a heartbeat every 50 changes, then a split into two partitions."""
-    import base64
-    import json
-
-    def b64(text: str) -> str:
-        return base64.b64encode(text.encode()).decode()
-
-    whole = {"rowRange": {}}
-    with open(path, "w") as f:
-        f.write(json.dumps({"partition": whole, "timestamp": "2024-05-01T10:00:00Z"}) + "\n")
-        for i in range(changes):
-            ts = f"2024-05-01T10:{i // 60000 % 60:02d}:{i // 1000 % 60:02d}.{i % 1000:03d}Z"
-            value = os.urandom(24).hex()
-            head = {"type": "USER", "sourceClusterId": "c1", "rowKey": b64(f"row{i % 500}"),
-                    "commitTimestamp": ts, "tiebreaker": i % 7, "chunks": [
-                        {"chunkInfo": {"chunkedValueSize": 48, "chunkedValueOffset": 0},
-                         "mutation": {"setCell": {"familyName": "cf",
-                                                  "columnQualifier": b64("v"),
-                                                  "value": b64(value[:24])}}}]}
-            tail = {"type": "CONTINUATION", "chunks": [
-                {"chunkInfo": {"chunkedValueSize": 48, "chunkedValueOffset": 24,
-                               "lastChunk": True},
-                 "mutation": {"setCell": {"familyName": "cf", "columnQualifier": b64("v"),
-                                          "value": b64(value[24:])}}}],
-                    "done": True, "token": f"t{i}", "estimatedLowWatermark": ts}
-            f.write(json.dumps({"partition": whole, "response": {"dataChange": head},
-                                "table": "t"}) + "\n")
-            f.write(json.dumps({"dataChange": tail}) + "\n")  # bare: the partition above
-            if i % 50 == 49:
-                f.write(json.dumps({"heartbeat": {"estimatedLowWatermark": ts}}) + "\n")
-        halves = [{"rowRange": {"endKeyOpen": b64("m")}},
-                  {"rowRange": {"startKeyClosed": b64("m")}}]
-        f.write(json.dumps({"partition": whole, "response": {"closeStream": {
-            "status": {"code": 11}, "newPartitions": halves}}, "table": "t"}) + "\n")
-
-
 _IMPORTS = r"""
 import sys
 from spark_backend.cache.store import Cache
@@ -244,7 +206,7 @@ def test_formats_read_in_order_or_fixed_after_land_what_one_piece_lands(tmp_path
     once landed), each imported in parts of 64 KiB and in one piece, in one Spark session:
     the caches are equal."""
     bt = tmp_path / "bt.jsonl"
-    _bigtable_feed(bt, 6_000)
+    write_bigtable_feed(bt, 6_000)
     feed = tmp_path / "feed.ndjson"
     with open(feed, "w") as f:
         for i in range(20_000):  # 400 keys, each first an INSERT then UPDATEs

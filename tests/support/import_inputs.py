@@ -1,10 +1,13 @@
 """Inputs for import tests and benchmarks: a recording of any size whose every line is a
 distinct record (the demo world's recording lines, copied with their partitions renamed per
-copy), a few bad lines spread through it, and folders of many small files."""
+copy), a few bad lines spread through it, folders of many small files, a Bigtable change
+stream feed and a CockroachDB changefeed of any size."""
 
 from __future__ import annotations
 
+import base64
 import json
+import os
 from pathlib import Path
 
 _MARK = "@@copy@@"
@@ -72,3 +75,56 @@ def write_small_files(folder: Path, count: int) -> int:
                          f"{i:06d}Z"}}
         (folder / f"f{i:05d}.jsonl").write_text(json.dumps(line) + "\n")
     return count
+
+
+def _b64(text: str) -> str:
+    return base64.b64encode(text.encode()).decode()
+
+
+def write_bigtable_feed(path: Path, changes: int) -> int:
+    """One partition's responses: data changes whose value comes in two chunks on two lines
+    (a CONTINUATION), a heartbeat every 50 changes, then a split into two partitions; returns
+    the lines written."""
+    whole = {"rowRange": {}}
+    lines = 0
+    with open(path, "w", buffering=1 << 20) as f:
+        f.write(json.dumps({"partition": whole, "timestamp": "2024-05-01T10:00:00Z"}) + "\n")
+        for i in range(changes):
+            ts = f"2024-05-01T10:{i // 60000 % 60:02d}:{i // 1000 % 60:02d}.{i % 1000:03d}Z"
+            value = os.urandom(24).hex()
+            head = {"type": "USER", "sourceClusterId": "c1", "rowKey": _b64(f"row{i % 500}"),
+                    "commitTimestamp": ts, "tiebreaker": i % 7, "chunks": [
+                        {"chunkInfo": {"chunkedValueSize": 48, "chunkedValueOffset": 0},
+                         "mutation": {"setCell": {"familyName": "cf",
+                                                  "columnQualifier": _b64("v"),
+                                                  "value": _b64(value[:24])}}}]}
+            tail = {"type": "CONTINUATION", "chunks": [
+                {"chunkInfo": {"chunkedValueSize": 48, "chunkedValueOffset": 24,
+                               "lastChunk": True},
+                 "mutation": {"setCell": {"familyName": "cf", "columnQualifier": _b64("v"),
+                                          "value": _b64(value[24:])}}}],
+                    "done": True, "token": f"t{i}", "estimatedLowWatermark": ts}
+            f.write(json.dumps({"partition": whole, "response": {"dataChange": head},
+                                "table": "t"}) + "\n")
+            f.write(json.dumps({"dataChange": tail}) + "\n")  # bare: the partition above
+            lines += 2
+            if i % 50 == 49:
+                f.write(json.dumps({"heartbeat": {"estimatedLowWatermark": ts}}) + "\n")
+                lines += 1
+        halves = [{"rowRange": {"endKeyOpen": _b64("m")}},
+                  {"rowRange": {"startKeyClosed": _b64("m")}}]
+        f.write(json.dumps({"partition": whole, "response": {"closeStream": {
+            "status": {"code": 11}, "newPartitions": halves}}, "table": "t"}) + "\n")
+    return lines + 2
+
+
+def write_changefeed(path: Path, messages: int, keys: int = 100_000) -> int:
+    """``messages`` changefeed messages (no ``diff``: their mod type is inferred) over ``keys``
+    keys in turn, so that every key has many versions across the file; returns
+    ``messages``."""
+    pad = "x" * 120
+    with open(path, "w", buffering=1 << 20) as f:
+        for i in range(messages):
+            f.write(f'{{"after": {{"id": {i % keys}, "v": {i}, "pad": "{pad}"}}, '
+                    f'"key": [{i % keys}], "updated": "{1701102296662969433 + i}.0000000000"}}\n')
+    return messages
