@@ -160,9 +160,9 @@ def _mark_known(con, staged: str, found: str, match: str, stream: str) -> None:
     ``found``: the stored rows' keys SEMI JOIN ``maybe`` (the staged rows that may be cached),
     so that the join's hash table holds the batch's keys. Looked up the other way round
     (``EXISTS`` from the staged rows) the table holds the cache's keys, and an import whose
-    records all carry their own identity (a changefeed's, all ``maybe``) runs out of its
-    DuckDB memory a million records in. ``match``: a staged row (``s``) against a found one
-    (``f``)."""
+    records all carry their own identity (a changefeed's, all ``maybe``) ran out of its
+    128 MB of DuckDB memory after 1.6 million records. ``match``: a staged row (``s``)
+    against a found one (``f``)."""
     (maybe,) = con.execute(f"SELECT count(*) FROM {staged} WHERE maybe").fetchone()
     if maybe:
         con.execute(f"CREATE OR REPLACE TEMP TABLE _found AS "
@@ -238,18 +238,18 @@ def _data_change(con, stream, pull_id, count_existing, summarize) -> tuple[int, 
                 "SELECT d.record_key FROM data_change_records d SEMI JOIN maybe m "
                 "ON d.record_key = m.record_key WHERE d.stream = ?",
                 "f.record_key = s.record_key", stream)
+    counted = "known" if count_existing else "here"
+    known_n, new_n, new_dups, stored = con.execute(
+        f"SELECT coalesce(sum(n) FILTER (WHERE {counted}), 0), count(*) FILTER (WHERE NOT known), "
+        "coalesce(sum(n - 1) FILTER (WHERE NOT known), 0), count(*) FILTER (WHERE known) FROM _dc"
+    ).fetchone()
     if repeated:
         rows = "_dc"
-    elif con.execute("SELECT coalesce(bool_or(known), false) FROM _dc").fetchone()[0]:
+    elif stored:
         rows = (f"(SELECT * FROM {_DC_AS_THEY_ARE} WHERE record_key NOT IN "
                 "(SELECT record_key FROM _dc WHERE known))")
     else:  # every record (if any) is new, one copy each: straight from the batch
         rows = _DC_AS_THEY_ARE
-    counted = "known" if count_existing else "here"
-    known_n, new_n, new_dups = con.execute(
-        f"SELECT coalesce(sum(n) FILTER (WHERE {counted}), 0), count(*) FILTER (WHERE NOT known), "
-        "coalesce(sum(n - 1) FILTER (WHERE NOT known), 0) FROM _dc"
-    ).fetchone()
     duplicates = int(new_dups)
     if known_n:
         con.execute(

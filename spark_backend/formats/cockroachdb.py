@@ -117,8 +117,8 @@ def splittable(head: bytes) -> bool:
 
 
 # ``import_sql`` works on one share of the keys at a time (by hash), so that its per-key
-# table holds a share of a file's keys: a file of a million keys fits the 128 MB an import's
-# DuckDB has (config.IMPORT_MEMORY_LIMIT).
+# table holds an eighth of a file's keys within an import's DuckDB memory
+# (config.IMPORT_MEMORY_LIMIT); one window over the whole file ran out of it.
 _KEY_SHARES = 8
 
 
