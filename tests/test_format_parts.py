@@ -134,3 +134,29 @@ def test_a_corrupt_avro_block_is_told_by_the_part_that_reaches_it(tmp_path):
     good = [r for r in whole if r["kind"] != "bad"]
     assert [r for r in parts if r["kind"] != "bad"][:len(good)] == good
     assert any(r["kind"] == "bad" and "corrupt" in r["extra"] for r in parts)
+
+
+def test_a_later_version_of_a_key_whose_first_landed_with_an_earlier_import_is_an_update(
+        tmp_path):
+    """A file that grew since it was imported: its first lines are duplicates of the earlier
+    import; a key's later versions in parts that never saw its first are still UPDATE."""
+    path = tmp_path / "feed.ndjson"
+    messages = [json.dumps({"after": {"id": i % 3, "v": i}, "key": [i % 3],
+                            "updated": f"{1701102296662969433 + i}.0000000000"}) + "\n"
+                for i in range(12)]
+    path.write_text("".join(messages[:3]))
+    with Cache(tmp_path / "grown.duckdb") as cache:
+        cache.ensure_stream("c", system="cockroachdb", source="cockroachdb")
+        for text in (messages[:3], messages):
+            path.write_text("".join(text))
+            parts, count = _in_parts(cockroachdb, str(path), 100)
+            pull = cache.begin_pull("c", "import:cockroachdb", None, None, None)
+            ingest_stream(cache, "c", pull, (to_arrow_batch(b) for b in batched(parts, 7)),
+                          extra_sql=lambda p=pull: cockroachdb.import_sql("c", p),
+                          count_existing_as_duplicates=True,
+                          sort_by=[("origin", "ascending"), ("line", "ascending")])
+        assert count >= 4
+        landed = cache.con.execute(
+            "SELECT CAST(extra->>'line' AS INT), mod_type FROM data_change_records "
+            "ORDER BY 1").fetchall()
+    assert landed == [(line, "INSERT" if line <= 3 else "UPDATE") for line in range(1, 13)]

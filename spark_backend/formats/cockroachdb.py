@@ -122,10 +122,14 @@ def splittable(head: bytes) -> bool:
 _KEY_SHARES = 8
 
 
-def _crdb(t: str) -> dict[str, str]:
-    """SQL of table ``t``'s changefeed records: its rows of the import, key, position."""
+def _crdb(t: str, *, of_the_import: bool = True) -> dict[str, str]:
+    """SQL of table ``t``'s changefeed records: its rows (of the import, or with
+    ``of_the_import=False`` of any import of the files it read), key, position."""
+    which = (f"{t}.pull_id = ?" if of_the_import else
+             f"""{t}.origin IN (SELECT DISTINCT origin FROM data_change_records
+                                WHERE stream = ? AND pull_id = ?)""")
     return {
-        "rows": f"""{t}.stream = ? AND {t}.pull_id = ? AND {t}.record_id LIKE 'crdb|%'
+        "rows": f"""{t}.stream = ? AND {which} AND {t}.record_id LIKE 'crdb|%'
             AND NOT regexp_matches({t}.record_id, '[|][{{][}}][|][^|]*$')""",
         "key": f"regexp_replace({t}.record_id, '[|][^|]*$', '')",
         "position": f"""[CAST({t}.extra->>'line' AS BIGINT),
@@ -138,8 +142,10 @@ def import_sql(stream: str, pull_id: int) -> list[tuple[str, list[Any]]]:
     inferred INSERT while an earlier message of the same file (by line and place in a webhook
     batch) had the same table and key becomes UPDATE, as if the file had been read in one
     piece. The key is the ``record_id`` without its last field (``crdb|table|key``); each
-    inferred INSERT is compared with its key's first version in the file."""
-    a, d = _crdb("a"), _crdb("d")
+    inferred INSERT is compared with its key's first version in the file, which may have
+    landed with an earlier import of the same file (one that has grown since): this import
+    counts it as a duplicate and keeps no copy of its own."""
+    a, d = _crdb("a", of_the_import=False), _crdb("d")
     sql = f"""
         UPDATE data_change_records AS d SET mod_type = 'UPDATE'
         FROM (SELECT a.origin, {a["key"]} AS crdb_key, min({a["position"]}) AS first
@@ -149,7 +155,8 @@ def import_sql(stream: str, pull_id: int) -> list[tuple[str, list[Any]]]:
         WHERE {d["rows"]} AND d.mod_type = 'INSERT'
           AND (d.extra->>'mod_type_inferred') = 'true'
           AND d.origin = f.origin AND {d["key"]} = f.crdb_key AND {d["position"]} > f.first"""
-    return [(sql, [stream, pull_id, share, stream, pull_id]) for share in range(_KEY_SHARES)]
+    return [(sql, [stream, stream, pull_id, share, stream, pull_id])
+            for share in range(_KEY_SHARES)]
 
 
 def not_lines(stream, head: bytes, origin: str, options: dict[str, str], first: int = 1):
