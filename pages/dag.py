@@ -67,8 +67,8 @@ ordered = list(nodes.sort_values(["lane", "x0_ns"])["token"])
 pick = st.selectbox("Partition", ["(none)", *ordered],
                     index=ordered.index(selected) + 1 if selected in ordered else 0,
                     key=f"dag_pick_{selected}")
-if pick != "(none)" and pick != selected:
-    state.select_partition(pick)
+if pick != (selected or "(none)"):  # another partition, or "(none)": none selected
+    state.select_partition(None if pick == "(none)" else pick)
     st.rerun()
 
 left, mid, right = st.columns(3)

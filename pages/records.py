@@ -7,7 +7,7 @@ import pandas as pd
 import streamlit as st
 
 from app import queries, resources, state, widgets
-from app.formatting import count
+from app.formatting import count, timestamp
 from app.safe import md
 
 PAGE_SIZE = 100
@@ -67,15 +67,17 @@ first = (len(cursors) - 1) * PAGE_SIZE
 st.caption(f"{count(total)} rows match · rows {count(first + 1 if len(page) else 0)}–"
            f"{count(first + len(page))}" + ("" if f.heartbeats and not f.data_only else
                                             " · heartbeats hidden" if hide else ""))
-shown = widgets.with_datetimes(page.drop(columns=["cursor_ns"])).rename(columns={"ts": "time"})
+# The commit time as text, to the nanosecond the source gave: a browser's dates stop at the
+# millisecond, and the records of one transaction often share it.
+shown = widgets.with_datetimes(page.drop(columns=["cursor_ns", "ts_ns"])).assign(
+    time=[timestamp(ns) for ns in page["ts_ns"]])
 shown = shown[["time", *[col for col in shown.columns if col != "time"]]]
 # A new filter or page is a new table: its selection starts empty (a row picked in another
 # table is no row of this one).
 event = st.dataframe(shown, hide_index=True, width="stretch", height=420,
                      on_select="rerun", selection_mode="single-row",
                      key=f"rec_rows_{abs(hash(f)) % 10**12}_{len(cursors)}",
-                     column_config={"time": st.column_config.DatetimeColumn(
-                         "time (UTC)", format="YYYY-MM-DD HH:mm:ss.SSSSSS")})
+                     column_config={"time": st.column_config.TextColumn("time (UTC)")})
 rows = [r for r in (event.selection.rows if event is not None else []) if 0 <= r < len(page)]
 if rows:
     picked = page.drop(columns=["cursor_ns"]).iloc[rows[0]]

@@ -22,6 +22,7 @@ from spark_backend import analysis
 from spark_backend.cache.store import Cache
 from spark_backend.jobs import files
 from spark_backend.model.errors import BadInput
+from spark_backend.model.timestamps import format_ns
 from tests.support.demo_cache import DEMO_SCALE, DEMO_SEED, demo_world
 
 MAIN = str(Path(__file__).resolve().parent.parent / "app" / "main.py")
@@ -180,6 +181,12 @@ def test_records_filters_paging_and_bad_key(demo_cache, world):
     at = app(demo_cache, "records")
     assert f"{world.num_data_change_records:,} rows match" in texts(at)
     assert "rows 1–100" in texts(at)
+    # Each row's time is its commit time to the nanosecond, as the cache holds it.
+    with Cache(demo_cache) as cache:
+        stored = {format_ns(t) for (t,) in cache.con.execute(
+            "SELECT epoch_ns(commit_timestamp) FROM data_change_records").fetchall()}
+    shown = list(frames(at)[0]["time"])
+    assert len(shown) == 100 and set(shown) <= stored
     at.button(key="rec_next").click().run()
     assert "rows 101–200" in texts(at)
     at.toggle(key="rec_hide_hb").set_value(False).run()

@@ -170,3 +170,17 @@ def test_an_unknown_partition_is_one_sentence(demo_cache):
     at = app(demo_cache, "watermarks", partition="no-such-token")
     assert [plain(e.value) for e in at.error] == [
         "No partition 'no-such-token' in DemoStream; choose one in the Partitions table."]
+
+
+def test_none_in_the_dags_list_deselects_the_partition(demo_cache, truth):
+    token = truth["worst"]["partition"]
+    at = app(demo_cache, "dag", partition=token)
+    assert any(f"Partition {token}" in plain(m.value) for m in at.markdown)
+    at.selectbox(key=f"dag_pick_{token}").select("(none)").run()
+    assert "partition" not in at.query_params
+    assert at.session_state["partition"] is None
+    assert not any(f"Partition {token}" in plain(m.value) for m in at.markdown)
+    assert at.selectbox(key="dag_pick_None").value == "(none)"
+    spec = json.loads(at.get("plotly_chart")[0].proto.spec)
+    assert not [t for t in spec["data"] if t.get("name") == "selected"]
+    assert not at.exception and not at.error

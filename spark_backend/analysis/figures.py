@@ -37,8 +37,11 @@ CLICKABLE_BARS = 3000
 _DAG_MARGIN = dict(l=40, r=10, t=110, b=40, autoexpand=False)
 # The narrowest time axis the DAG draws: a cache whose partitions were named but not read yet
 # (a pull stopped after its first query) has bars that start and end at one instant, which on
-# an axis of no width plotly draws as nothing.
+# an axis of no width plotly draws as nothing. Data that spans a few milliseconds (a small
+# import) keeps its own span, down to a millisecond: plotly's dates resolve little finer, and
+# a second's axis would draw it as a sliver.
 _DAG_MIN_SPAN_NS = 1_000_000_000
+_DAG_MIN_READ_SPAN_NS = 1_000_000
 
 
 def _dt(ns: pd.Series) -> list:
@@ -95,9 +98,10 @@ def dag_figure(nodes: pd.DataFrame, segments: pd.DataFrame, highlight: Sequence[
     lo, hi = int(nodes["x0_ns"].min()), int(nodes["x1_ns"].max())
     untimed = "timed" in nodes.columns and not nodes["timed"].any()
     unread = hi == lo  # no partition has a time after its start yet
-    narrow = hi - lo < _DAG_MIN_SPAN_NS
+    least = _DAG_MIN_SPAN_NS if unread else _DAG_MIN_READ_SPAN_NS
+    narrow = hi - lo < least
     if narrow:
-        hi = lo + _DAG_MIN_SPAN_NS
+        hi = lo + least
     # unread: each bar 1/40 of the axis from its start, with a line saying why
     min_w = max(1, (hi - lo) // (40 if unread else 400))
     df = nodes.assign(kind=nodes["status"])
