@@ -547,28 +547,36 @@ HOSTILE = {
 }
 
 
-def _run_sql(page, sql: str) -> None:
+def _run_sql(page, sql: str, shows: str) -> None:
+    """Runs ``sql`` and returns once the main area shows ``shows`` and the app has stopped."""
+    from playwright.sync_api import expect
+
     box = page.locator('[data-testid="stTextArea"] textarea')
     box.fill(sql)
     box.press("Control+Enter")  # Streamlit takes a text area's value on Ctrl+Enter or blur
-    _settle(page, 1.0)
+    expect(page.locator('[data-testid="stStatusWidget"]')).to_have_count(0, timeout=120_000)
     page.get_by_role("button", name="Run").click()
-    _settle(page)
+    main = page.locator('[data-testid="stMain"]')
+    expect(main.get_by_text(shows).first).to_be_visible(timeout=120_000)
+    expect(page.locator('[data-testid="stStatusWidget"]')).to_have_count(0, timeout=120_000)
 
 
 def test_console_refuses_hostile_queries_in_a_sentence_and_keeps_serving(page, server):
     """Each hostile query shows its one sentence (no raw exception, no Streamlit size box),
     and the same server still answers a plain query after every one of them."""
+    from playwright.sync_api import expect
+
     _open(page, server, "sql", "?stream=DemoStream")
+    alert = page.locator('[data-testid="stAlert"]')
     for sql, words in HOSTILE.items():
-        _run_sql(page, sql)
-        alerts = page.locator('[data-testid="stAlert"]').all_inner_texts()
+        _run_sql(page, sql, words)
+        alerts = alert.all_inner_texts()
         assert len(alerts) == 1 and words in alerts[0], (sql, alerts)
         assert "\n" not in alerts[0].strip(), f"one sentence, not a traceback: {alerts[0]}"
         assert not page.query_selector('[data-testid="stException"]'), sql
         assert "MessageSizeError" not in _text(page, '[data-testid="stMain"]'), sql
-        _run_sql(page, "SELECT 6 * 7 AS answer")
-        assert page.locator('[data-testid="stAlert"]').count() == 0, sql
+        _run_sql(page, "SELECT 6 * 7 AS answer", "1 rows")
+        expect(alert).to_have_count(0)  # the refusal is gone once the answer is drawn
         assert page.get_by_text("1 rows", exact=True).count() == 1, sql
         assert page.locator('[data-testid="stDataFrame"]').count() >= 1, sql
     page.screenshot(path=str(SHOTS / "sql-after-hostile.png"), full_page=True)
