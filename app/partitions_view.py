@@ -196,6 +196,12 @@ def show_table(c: state.Ctx, parts: pd.DataFrame, chosen: str | None) -> None:
                 help="behind the range end (0 when finished)"),
             "worst lag (s)": st.column_config.NumberColumn(
                 help="its longest silence: no record, heartbeat or child partitions record"),
+            "last record": st.column_config.DatetimeColumn(
+                "last record (UTC)", format="YYYY-MM-DD HH:mm:ss",
+                help="its last data change record; empty: none in the range"),
+            "last heartbeat": st.column_config.DatetimeColumn(
+                "last heartbeat (UTC)", format="YYYY-MM-DD HH:mm:ss",
+                help="its last heartbeat; empty: none in the range"),
             "token": st.column_config.TextColumn("whole token", width="small")})
     st.caption(f"{len(rows):,} of {len(shown):,} partitions; click a column to sort, select "
                "a row to see what that partition was doing.")
