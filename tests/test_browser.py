@@ -297,6 +297,28 @@ def _ink(png: bytes) -> float:
     return inked / max(1, n)
 
 
+_IDLE = '[data-testid="stApp"][data-test-script-state="notRunning"]'
+# Charts draw after the script has ended: no element still a loading placeholder, and every
+# chart container holds its SVG.
+_CHARTS_READY_JS = """() =>
+  !document.querySelector('[data-testid="stMain"] [data-testid="stSkeleton"]')
+  && [...document.querySelectorAll('[data-testid="stPlotlyChart"]')]
+       .every(c => c.querySelector('.main-svg'))"""
+
+
+def _visit(tab, url: str, slug: str, stream: str) -> list[float]:
+    """Opens the page by its address; once it is drawn, returns each chart's ink (the share of
+    its plot area's pixels that carry marks: SVG and WebGL traces alike)."""
+    tab.goto(f"{url}/{slug}?stream={urllib.parse.quote(stream)}")
+    tab.wait_for_selector(_IDLE)
+    tab.wait_for_function(_CHARTS_READY_JS, polling=100)
+    inks = []
+    for chart in tab.locator('[data-testid="stPlotlyChart"]').all():
+        area = chart.locator(".nsewdrag")
+        inks.append(_ink((area.first if area.count() else chart).screenshot()))
+    return inks
+
+
 def _select_stream(page, name: str) -> None:
     page.locator('[data-testid="stSidebar"] [data-testid="stSelectbox"]').first.click()
     page.get_by_role("option", name=name, exact=True).click()
@@ -620,8 +642,15 @@ def test_live_demo_advances(page, server):
         ".some(p => p.innerText === t)", arg=first, timeout=HANG_MS)
     assert now_line() != first
     page.screenshot(path=str(SHOTS / "live.png"), full_page=True)
-    # Stop ends it: the page says so (and the emulator's test below runs without its ticks).
     stream = urllib.parse.parse_qs(urllib.parse.urlparse(page.url).query)["stream"][0]
+    # Every page of the running stream draws, with no exception or error box.
+    for name, slug in PAGES.items():
+        charts = _visit(page, server, slug, stream)
+        assert page.locator('[data-testid="stException"]').count() == 0, name
+        errors = page.locator('[data-testid="stAlertContentError"]').all_inner_texts()
+        assert errors == [], (name, errors)
+        assert all(ink > 0 for ink in charts), (name, charts)
+    # Stop ends it: the page says so (and the emulator's test below runs without its ticks).
     page.goto(f"{server}/sources")
     page.wait_for_selector("h1")
     _settle(page)

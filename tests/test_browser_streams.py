@@ -11,13 +11,12 @@ Overview's Partitions tile equals the analysis of the same cache.
 from __future__ import annotations
 
 import re
-import urllib.parse
 
 import pytest
 
 from app import samples
 from tests.support.demo_cache import DEMO_SCALE, DEMO_SEED, demo_world
-from tests.test_browser import PAGES, SHOTS, _ink, page, server  # noqa: F401  (fixtures)
+from tests.test_browser import PAGES, SHOTS, _visit, page, server  # noqa: F401  (fixtures)
 from tests.test_pages_streams import MUTABLE, UNTIMED, _land_mutable, _land_untimed
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
@@ -25,13 +24,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.browser]
 STREAMS = ("DemoStream", MUTABLE, UNTIMED, *(s.stream for s in samples.SAMPLES))
 PARTITIONS: dict[str, int] = {}
 
-_IDLE = '[data-testid="stApp"][data-test-script-state="notRunning"]'
-# Charts draw after the script has ended: no element still a loading placeholder, and every
-# chart container holds its SVG.
-_CHARTS_READY_JS = """() =>
-  !document.querySelector('[data-testid="stMain"] [data-testid="stSkeleton"]')
-  && [...document.querySelectorAll('[data-testid="stPlotlyChart"]')]
-       .every(c => c.querySelector('.main-svg'))"""
 # Bar paths of the first chart (the DAG's partitions).
 _BARS_JS = """() => {
   const gd = document.querySelector('[data-testid="stPlotlyChart"] .js-plotly-plot');
@@ -57,19 +49,6 @@ def cache_path(tmp_path_factory, landed_caches) -> str:
         for stream in STREAMS:
             PARTITIONS[stream] = len(analysis.partitions(cache.con, stream))
     return path
-
-
-def _visit(tab, url: str, slug: str, stream: str) -> list[float]:
-    """Opens the page by its address; once it is drawn, returns each chart's ink (the share of
-    its plot area's pixels that carry marks: SVG and WebGL traces alike)."""
-    tab.goto(f"{url}/{slug}?stream={urllib.parse.quote(stream)}")
-    tab.wait_for_selector(_IDLE)
-    tab.wait_for_function(_CHARTS_READY_JS, polling=100)
-    inks = []
-    for chart in tab.locator('[data-testid="stPlotlyChart"]').all():
-        area = chart.locator(".nsewdrag")
-        inks.append(_ink((area.first if area.count() else chart).screenshot()))
-    return inks
 
 
 @pytest.mark.parametrize("stream", STREAMS)
