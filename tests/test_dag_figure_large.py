@@ -85,3 +85,23 @@ def test_a_dag_axis_spans_its_data_and_a_second_when_no_time_was_read(span_ns):
         assert widths_ms == {25.0}
         assert said == ["No time read yet: each partition is drawn at its start "
                         "(2026-01-05T09:00:00.000000Z); pull again to read them"]
+
+
+@pytest.mark.parametrize("n", [1, 15, 100])
+def test_the_dags_lanes_are_numbered_from_one_at_most_thirty_labels(n):
+    parts = pd.DataFrame({
+        "token": [f"r{i:03d}" for i in range(n)], "parents": [[] for _ in range(n)],
+        "start_ns": [T0] * n, "end_ns": [None] * n, "watermark_ns": [T0 + 10**9] * n,
+        "state": ["open"] * n, "error": [None] * n, "finished": [False] * n,
+        "stalled": [False] * n, "data_change_records": [1] * n, "heartbeats": [1] * n,
+    })
+    nodes = dag_layout.layout(parts)
+    lanes = int(nodes["lane"].max()) + 1
+    fig = figures.dag_figure(nodes, dag_layout.edge_segments(nodes, pd.DataFrame(
+        {"parent": [], "child": [], "kind": []})))
+    y = fig.layout.yaxis
+    assert y.showticklabels is not False and y.ticktext[0] == "1" and y.tickvals[0] == 0
+    assert len(y.ticktext) <= 30 and max(y.tickvals) < lanes
+    assert [int(t) - 1 for t in y.ticktext] == list(y.tickvals)
+    if lanes <= 30:
+        assert list(y.tickvals) == list(range(lanes))

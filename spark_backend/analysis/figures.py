@@ -34,7 +34,7 @@ MAX_LABELS = 30
 CLICKABLE_BARS = 3000
 # Fixed margins with room for the legend and the axis labels: with plotly's automargin the legend
 # above the plot pushes the margin, and plotly draws every trace a second time.
-_DAG_MARGIN = dict(l=40, r=10, t=110, b=40, autoexpand=False)
+_DAG_MARGIN = dict(l=64, r=10, t=110, b=40, autoexpand=False)
 # The narrowest time axis the DAG draws: a cache whose partitions were named but not read yet
 # (a pull stopped after its first query) has bars that start and end at one instant, which on
 # an axis of no width plotly draws as nothing. Data that spans a few milliseconds (a small
@@ -176,10 +176,18 @@ def dag_figure(nodes: pd.DataFrame, segments: pd.DataFrame, highlight: Sequence[
         dragmode="zoom", hovermode="closest", bargap=0.25,
         xaxis=dict(title=None, type="date"),
         # lane 0 on top; a fixed range (no autorange padding around the thick lines)
-        yaxis=dict(title="partition lane", showticklabels=False, range=[lanes - 0.5, -0.5],
-                   zeroline=False, showgrid=False, fixedrange=True),
+        yaxis=dict(title="partition lane", range=[lanes - 0.5, -0.5], zeroline=False,
+                   showgrid=False, fixedrange=True, **_lane_ticks(lanes)),
     )
     return fig
+
+
+def _lane_ticks(lanes: int, most: int = 30) -> dict:
+    """Lane numbers from 1 down the DAG's left edge, at most ``most`` of them."""
+    step = max(1, -(-lanes // most))
+    vals = list(range(0, lanes, step))
+    return dict(tickmode="array", tickvals=vals, ticktext=[str(v + 1) for v in vals],
+                tickfont=dict(size=10, color="#5f6368"))
 
 
 def _bars(part: pd.DataFrame, min_w: int, name: str, colour: str,
