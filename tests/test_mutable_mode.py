@@ -158,7 +158,7 @@ def test_reader_follows_partition_starts_with_cuts_and_a_slow_partition(world, d
     """No --dialect: asked from the database; the mode from the first query; every partition
     read once from its start timestamp, every record once, key-range moves as rows."""
     slow = world.moves[0].destination
-    with DemoServer(world, dialect=dialect, cut_after=5, slow_partition=slow,
+    with DemoServer(world, dialect=dialect, cut_after=20, slow_partition=slow,
                     slow_ms=2) as server:
         rows = read_all(world, server)
         assert server.cuts_injected > 10
