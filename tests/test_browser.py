@@ -269,18 +269,12 @@ def _open(page, server: str, name: str, query: str = "") -> None:
     assert not page.query_selector('[data-testid="stException"]'), f"{name} raised"
 
 
-def _settle(page, quiet_s: float = 2.0) -> None:
-    """Until the app is not running and the main area has not changed for ``quiet_s``."""
-    last, since = None, time.monotonic()
-    deadline = time.monotonic() + 120  # best effort: a live page may never be quiet
-    while time.monotonic() < deadline:
-        running = page.locator('[data-testid="stStatusWidget"]').count() > 0
-        text = page.locator('[data-testid="stMain"]').inner_text()
-        if running or text != last:
-            last, since = text, time.monotonic()
-        elif time.monotonic() - since >= quiet_s:
-            return
-        time.sleep(0.25)
+def _settle(page) -> None:
+    """Until the script has ended and every chart is drawn (see ``_IDLE``). After an action that
+    reruns the script, wait first for what the rerun changes (the URL, a heading): until then
+    the previous run's end still reads as idle."""
+    page.wait_for_selector(_IDLE, timeout=HANG_MS)
+    page.wait_for_function(_CHARTS_READY_JS, polling=100, timeout=HANG_MS)
 
 
 def _ink(png: bytes) -> float:
@@ -318,12 +312,6 @@ def _visit(tab, url: str, slug: str, stream: str, ink: bool = True) -> list[floa
         area = chart.locator(".nsewdrag")
         inks.append(_ink((area.first if area.count() else chart).screenshot()))
     return inks
-
-
-def _select_stream(page, name: str) -> None:
-    page.locator('[data-testid="stSidebar"] [data-testid="stSelectbox"]').first.click()
-    page.get_by_role("option", name=name, exact=True).click()
-    _settle(page)
 
 
 # --- every page -----------------------------------------------------------------------------------
@@ -431,7 +419,7 @@ def test_five_clicks_select_five_partitions(page, server):
             "t => new URLSearchParams(location.search).get('partition') === t",
             arg=target["token"], timeout=HANG_MS)
         page.locator("h4", has_text=target["token"]).wait_for(timeout=HANG_MS)
-        _settle(page, 1.0)
+        _settle(page)
         chosen.append(target["token"])
     assert len(set(chosen)) == 5
     # The selection is highlighted without fading the rest: every bar keeps its opacity.
@@ -450,14 +438,14 @@ def test_the_selected_partition_travels_through_the_sidebars_links(page, server)
     page.mouse.click(target["x"], target["y"])
     page.wait_for_function("t => new URLSearchParams(location.search).get('partition') === t",
                            arg=target["token"], timeout=HANG_MS)
-    _settle(page, 1.0)
+    _settle(page)
     sidebar = page.locator('[data-testid="stSidebarNav"]')
     for title in ("Records", "Watermarks", "Partition DAG"):
         sidebar.get_by_role("link", name=title).click()
         page.wait_for_function(
             "t => new URLSearchParams(location.search).get('partition') === t",
             arg=target["token"], timeout=HANG_MS)
-        _settle(page, 1.0)
+        _settle(page)
         assert not page.query_selector('[data-testid="stException"]'), title
         page.screenshot(path=str(SHOTS / f"partition-travels-{title}.png"), full_page=True)
         chosen = page.locator('[data-testid="stSelectbox"] input[aria-label="Partition"]')
@@ -486,9 +474,12 @@ def test_shared_watermarks_url_restores_its_moment(page, server):
     assert since < held < until, (moment, worst)
     # The slider moves the moment in the URL (and every arrow-key step counts).
     slider.focus()
-    for _ in range(2):
+    for _ in range(2):  # each step reruns the page, which writes the moment to the URL
+        before = dict(urllib.parse.parse_qsl(urllib.parse.urlparse(page.url).query))["at"]
         page.keyboard.press("ArrowLeft")
-        _settle(page, 1.0)
+        page.wait_for_function("m => new URLSearchParams(location.search).get('at') !== m",
+                               arg=before, timeout=HANG_MS)
+        _settle(page)
     after = dict(urllib.parse.parse_qsl(urllib.parse.urlparse(page.url).query))["at"]
     assert after < format_ns(middle)
     page.screenshot(path=str(SHOTS / "watermarks-shared.png"), full_page=True)
@@ -529,7 +520,7 @@ def test_url_parameters_render_as_text(page, server, param):
               "stall": "watermarks"}.get(param, "overview")
     page.goto(f"{server}/{PAGES[target]}?{urllib.parse.urlencode(query)}")
     page.wait_for_selector("h1")
-    _settle(page, 1.5)
+    _settle(page)
     _no_payload_formed(page)
     if param in ("stream", "partition", "txn"):
         assert ALL_PAYLOADS in _text(page)
@@ -577,11 +568,11 @@ def _run_sql(page, sql: str, shows: str) -> None:
     box = page.locator('[data-testid="stTextArea"] textarea')
     box.fill(sql)
     box.press("Control+Enter")  # Streamlit takes a text area's value on Ctrl+Enter or blur
-    expect(page.locator('[data-testid="stStatusWidget"]')).to_have_count(0, timeout=120_000)
+    expect(page.locator(_IDLE)).to_have_count(1, timeout=120_000)
     page.get_by_role("button", name="Run").click()
     main = page.locator('[data-testid="stMain"]')
     expect(main.get_by_text(shows).first).to_be_visible(timeout=120_000)
-    expect(page.locator('[data-testid="stStatusWidget"]')).to_have_count(0, timeout=120_000)
+    expect(page.locator(_IDLE)).to_have_count(1, timeout=120_000)
 
 
 def test_console_refuses_hostile_queries_in_a_sentence_and_keeps_serving(page, server):
@@ -686,6 +677,8 @@ def _emulators_of(url: str) -> list[int]:
 
 
 def test_live_emulator_starts_and_stops(page, server):
+    from playwright.sync_api import expect
+
     from tests.conftest import require_emulator
 
     require_emulator()
@@ -711,6 +704,7 @@ def test_live_emulator_starts_and_stops(page, server):
     page.wait_for_function(
         "() => document.querySelector('[data-testid=\"stMain\"]').innerText"
         ".includes(' is stopped: ')", timeout=HANG_MS)
+    expect(page.get_by_role("button", name="Start the live emulator")).to_be_enabled(
+        timeout=HANG_MS)
     _settle(page)
     assert _emulators_of(server) == [], "Stop ends the emulator"
-    assert page.get_by_role("button", name="Start the live emulator").is_enabled()
