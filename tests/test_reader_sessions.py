@@ -44,7 +44,7 @@ def _data(rows) -> set[tuple]:
             for r in rows if r["kind"] == "data_change"}
 
 
-def _budget_rounds(world, db, **kw) -> tuple[list[dict], int]:
+def _budget_rounds(world, db, budget: int = 2_000, **kw) -> tuple[list[dict], int]:
     plan = Plan(set())  # the driver's planning of the next task, as in a pull
     plan.offer(_roots(db, world))
     rows: list[dict] = []
@@ -53,7 +53,7 @@ def _budget_rounds(world, db, **kw) -> tuple[list[dict], int]:
         rounds += 1
         parts = plan.take()
         got = list(read_partitions(db, "googlesql", world.stream, parts, world.end,
-                                   HEARTBEAT_MS, threads=4, max_rows=2_000, **kw))
+                                   HEARTBEAT_MS, threads=4, max_rows=budget, **kw))
         rows += got
         plan.task_ended(parts, list(packed_rows([packed(to_arrow_batch(got))])))
         assert rounds < 200
@@ -104,13 +104,14 @@ def test_a_session_the_source_forgot_is_replaced(world):
     assert len(live) == 1
 
 
-def test_each_stop_is_continued_by_a_query_of_its_own_and_the_rows_number_on(world):
+def test_each_stop_is_continued_by_a_query_of_its_own_and_the_rows_number_on():
     """Tasks keep nothing for each other: the next task continues a stopped partition with a
     new query (the initial query, each partition once, then one more per stop); the rows are
     all there once, and a partition's rows are numbered on across the tasks."""
+    world = demo_world(7, 0.3)  # 7,219 records: still more than 3 stops at 600 rows a task
     with DemoServer(world, latency_ms=1.0) as server:
         db = open_database(SpannerTarget("p", "i", "d", "googlesql", server.address))
-        rows, rounds = _budget_rounds(world, db)
+        rows, rounds = _budget_rounds(world, db, budget=600)
         queries = server.counters["queries"]
     assert rounds > 3 and len(_data(rows)) == world.num_data_change_records
     stops = sum(1 for r in rows if r["kind"] == "partition_end" and '"budget"' in r["extra"])
