@@ -510,44 +510,25 @@ def test_the_serving_address_is_known_before_spark_starts(monkeypatch):
     assert planned() == "10.9.8.7"
 
 
-_USER_JOB = """
-import json, sys
-import pyarrow.parquet as pq
-from pyspark.sql import SparkSession
-from spark_backend.spark.datasource import SpannerChangeStreamDataSource
-
-master, near, options, out = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), sys.argv[4]
-spark = (SparkSession.builder.master(master).config("spark.ui.enabled", "false")
-         .config("spark.driver.host", near).config("spark.driver.bindAddress", near)
-         .getOrCreate())
-spark.dataSource.register(SpannerChangeStreamDataSource)
-records = spark.read.format("spanner_change_stream").options(**options).load()
-pq.write_table(records.toArrow(), out)
-spark.stop()
-"""
-
 
 def test_a_users_own_session_on_workers_of_another_network_reads_with_read_format(far_cluster,
                                                                                    tmp_path):
     """A data engineer's job, as the README shows it, in a classic session of its own on the
     far cluster: its executors read the demo server over the network, and the rows are every
     record of the range once."""
-    import pyarrow.parquet as pq
-
     from spark_backend.demo.server import DemoServer
-    from tests.test_datasource_range import options, records
-    from tests.test_pull_demo import truth_records
+    from tests.support import batch_job
+    from tests.test_datasource_range import options
 
     world = build_world(7, 0.1)
     out = tmp_path / "records.parquet"
     since = _worker_logs(far_cluster)
     with DemoServer(world, host=far_cluster.near) as demo:
         job = subprocess.run(
-            [sys.executable, "-c", _USER_JOB, far_cluster.master_url, far_cluster.near,
+            [sys.executable, "-m", "tests.support.batch_job",
+             f"{far_cluster.master_url}@{far_cluster.near}",
              json.dumps(options(world, demo.start())), str(out)],
             cwd=ROOT, env=far_cluster.env, capture_output=True, text=True, timeout=600)
     assert job.returncode == 0, job.stderr[-3000:]
-    got = records(pq.read_table(out))
-    assert len(got) == len(set(got)), "no record twice"
-    assert set(got) == truth_records(world)
+    batch_job.check(out, world)
     _executors_called_back(far_cluster, far_cluster.near, since)

@@ -3,6 +3,7 @@ spark-connect jar that ships in its jars), the CLI with ``--spark-remote`` and S
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -120,40 +121,21 @@ def test_an_explicit_master_wins_over_an_exported_spark_remote(tmp_path):
     assert_no_spark_output(out)
 
 
-USER_JOB = """
-import json, sys
-import pyarrow.parquet as pq
-from pyspark.sql import SparkSession
-from spark_backend.spark.datasource import SpannerChangeStreamDataSource
-
-url, options, out = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3]
-spark = SparkSession.builder.remote(url).getOrCreate()
-spark.dataSource.register(SpannerChangeStreamDataSource)
-records = spark.read.format("spanner_change_stream").options(**options).load()
-pq.write_table(records.toArrow(), out)
-spark.stop()
-"""
-
 
 def test_a_users_own_connect_session_reads_the_stream_with_read_format(server, tmp_path):
     """A data engineer's job, as the README shows it, in a Spark Connect session of its own:
     the rows it gets are every record of the range once."""
-    import json
-
-    import pyarrow.parquet as pq
-
     from spark_backend.demo.server import DemoServer
-    from tests.test_datasource_range import options, records
-    from tests.test_pull_demo import truth_records
+    from tests.support import batch_job
+    from tests.test_datasource_range import options
 
     world = build_world(7, 0.1)
     out = tmp_path / "records.parquet"
     with DemoServer(world) as demo:
         job = subprocess.run(
-            [sys.executable, "-c", USER_JOB, server, json.dumps(options(world, demo.start())),
-             str(out)], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+            [sys.executable, "-m", "tests.support.batch_job", server,
+             json.dumps(options(world, demo.start())), str(out)],
+            cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
             capture_output=True, text=True, timeout=600)
     assert job.returncode == 0, job.stderr[-3000:]
-    got = records(pq.read_table(out))
-    assert len(got) == len(set(got)), "no record twice"
-    assert set(got) == truth_records(world)
+    batch_job.check(out, world)
