@@ -78,9 +78,11 @@ def prepare(cursor: Callable[[], duckdb.DuckDBPyConnection]) -> None:
     """Bring the snapshot of the cache up to date on a thread of its own (``cursor`` makes a
     new cursor of the cache on that thread), so that the first query need not wait for the copy
     (seconds on a million records). Returns at once; does nothing while a copy is under way.
-    Not a daemon: a process exiting during the copy waits for it, since DuckDB aborts the
-    process ("terminate called") when a thread is still inside it at interpreter exit."""
-    threading.Thread(target=_prepare, args=(cursor,), name="console-snapshot").start()
+    Not a daemon, even when called from one (Streamlit's script threads are daemons, and a
+    thread inherits that): a process exiting during the copy waits for it, since DuckDB aborts
+    the process ("terminate called") when a thread is still inside it at interpreter exit."""
+    threading.Thread(target=_prepare, args=(cursor,), name="console-snapshot",
+                     daemon=False).start()
 
 
 def _prepare(cursor: Callable[[], duckdb.DuckDBPyConnection]) -> None:

@@ -321,3 +321,31 @@ def test_nothing_of_the_worker_outlives_the_dashboard(tmp_path):
     own_folder, rows = done.stdout.split()
     assert int(rows) > 0
     assert not Path(own_folder).exists() and not killed_folder.exists()
+
+
+EXITING_DURING_THE_COPY = textwrap.dedent("""
+    import sys, threading
+    from app import sql_console
+    from spark_backend.cache.store import Cache
+    c = Cache(sys.argv[1])
+    # Streamlit runs page scripts on daemon threads; the copy starts from one and the
+    # interpreter exits while it runs.
+    starter = threading.Thread(target=sql_console.prepare, args=(c.cursor,), daemon=True)
+    starter.start()
+    starter.join()
+    print([t.daemon for t in threading.enumerate() if t.name == "console-snapshot"], flush=True)
+""")
+
+
+def test_a_process_exiting_during_the_copy_ends_cleanly(tmp_path):
+    """The copy started from a daemon thread is still waited for at exit: DuckDB aborts a
+    process whose interpreter ends while a thread is inside it."""
+    path = tmp_path / "c.duckdb"
+    with Cache(path) as c:
+        land_world(c, build_world(3, 0.05))
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-c", EXITING_DURING_THE_COPY, str(path)], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "terminate called" not in done.stderr
+    assert done.stdout.strip() in ("[False]", "[]")
