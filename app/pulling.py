@@ -153,18 +153,20 @@ def validate(form: PullForm) -> dict[str, str]:
     return errors
 
 
-def request_for(form: PullForm, demo_host: str | None = None) -> Any:
+def request_for(form: PullForm) -> Any:
+    """The pull the form asks for (a pull starts the source it names unless ``pull``'s
+    ``prepare`` gives the host of the dashboard's own)."""
     from spark_backend.jobs.pull import PullRequest
+    from spark_backend.jobs.pull_sources import source_named
 
-    return PullRequest(
-        source=form.source, stream=form.stream.strip() or None,
-        source_stream=form.source_stream.strip() or None,
-        project=form.project.strip() or None, instance=form.instance.strip() or None,
-        database=form.database.strip() or None, dialect=form.dialect or None,
-        start=form.start.strip() or None, end=form.end.strip() or None,
-        heartbeat_ms=int(form.heartbeat_ms),
-        demo_host=demo_host if form.source == "demo" else None,
-    )
+    def given(text: str) -> str | None:
+        return text.strip() or None
+
+    source = source_named(form.source, project=given(form.project),
+                          instance=given(form.instance), database=given(form.database),
+                          stream=given(form.source_stream), dialect=form.dialect or None)
+    return PullRequest(source=source, stream=given(form.stream), start=given(form.start),
+                       end=given(form.end), heartbeat_ms=int(form.heartbeat_ms))
 
 
 @dataclass
@@ -192,13 +194,11 @@ def pull(cache: Cache, form: PullForm, on_progress: Callable[[Any], None],
 
         request = dataclasses.replace(request_for(form), reader=reader)
         if prepare is not None:
-            check = getattr(backend, "_validated", None)
-            if check is not None:  # bad input fails here, before Spark or a server starts
-                check(dataclasses.replace(request))
+            backend.check_request(dataclasses.replace(request))  # before Spark or a server
             on_progress("starting Spark and the source…")
             host = prepare(form)
-            request.demo_host = host if form.source == "demo" else None
-            request.emulator_host = host if form.source == "emulator" else None
+            if host is not None and form.source in ("demo", "emulator"):
+                request.source = dataclasses.replace(request.source, host=host)
         res = backend.run_pull(cache, request, on_progress)
     except (InspectorError, ValueError) as e:  # ValueError: a contract's own validation
         return Outcome(False, str(e), error_field(e, form))

@@ -288,13 +288,14 @@ def demo_server(seed: int, scale: float, dialect: str, host: str) -> Any:
 def prepare_pull(form: Any) -> str | None:
     """Ready a pull (``pulling.pull``'s ``prepare``): Spark first (forking next to gRPC
     threads is fragile), then for source demo the shared demo server; returns its host."""
-    from spark_backend.jobs.pull import PullRequest, serving_address
+    from spark_backend.jobs.pull import serving_address
+    from spark_backend.jobs.pull_sources import DemoSource
 
     warm_spark()
     if form.source != "demo":
         return None
-    defaults = PullRequest(source="demo")
-    return demo_server(defaults.demo_seed, defaults.demo_scale,
+    defaults = DemoSource()
+    return demo_server(defaults.seed, defaults.scale,
                        form.dialect or "googlesql", serving_address()).address
 
 
@@ -402,21 +403,21 @@ def start_bootstrap(path: str) -> Any:
 
             from spark_backend.demo.server import DemoServer
             from spark_backend.jobs.pull import (
-                PullRequest,
                 demo_world,
                 planned_serving_address,
                 serving_address,
                 start_spark_early,
             )
+            from spark_backend.jobs.pull_sources import DemoSource
 
-            defaults = PullRequest(source="demo")
+            defaults = DemoSource()
             # where the executors reach this machine (a cluster's are on other machines),
             # known before Spark has started (YARN: Spark's choice, known once it has)
             bind = planned_serving_address()
             spark, jvm_launched = start_spark_early()
             pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="bootstrap")
             # the world the slices' pulls use too (built once per process)
-            world = pool.submit(demo_world, defaults.demo_seed, defaults.demo_scale)
+            world = pool.submit(demo_world, defaults.seed, defaults.scale)
             pool.shutdown(wait=False)
             while not jvm_launched.wait(0.2):
                 if spark.done():

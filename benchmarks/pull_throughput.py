@@ -565,6 +565,7 @@ def run_project(host: str | None, dialect: str, stream: str, start: int, end: in
         os.environ["SPANNER_EMULATOR_HOST"] = host
     from spark_backend.cache.store import Cache
     from spark_backend.jobs.pull import PullRequest, run_pull
+    from spark_backend.jobs.pull_sources import DemoSource, SpannerSource
     from spark_backend.model.config import PULL_ALLOCATOR, PULL_MEMORY_LIMIT, PULL_THREADS
     from spark_backend.spark.session import spark_session, warm_up
 
@@ -575,11 +576,10 @@ def run_project(host: str | None, dialect: str, stream: str, start: int, end: in
                 Cache(Path(tmp) / "bench.duckdb", memory_limit=PULL_MEMORY_LIMIT,
                       threads=PULL_THREADS, allocator=PULL_ALLOCATOR) as cache:
             if host:
-                request = PullRequest(source="spanner", project="p", instance="i", database="d",
-                                      source_stream=stream, dialect=dialect, start=start,
+                request = PullRequest(SpannerSource("p", "i", "d", stream, dialect), start=start,
                                       end=end, spark_master=master, heartbeat_ms=HEARTBEAT_MS)
             else:
-                request = PullRequest(source="demo", dialect=dialect, spark_master=master)
+                request = PullRequest(DemoSource(dialect=dialect), spark_master=master)
             landing_memory = cache.memory_limit  # PULL_MEMORY_LIMIT or $CSI_DUCKDB_MEMORY
             cpu0, sampler0 = tree_cpu_by_kind(os.getpid()), mem.own_cpu if mem else 0.0
             machine0, saturated0 = machine_cpu()[0], mem.saturated_s if mem else 0.0

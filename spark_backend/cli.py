@@ -281,13 +281,17 @@ def check_args(args) -> None:
 
 
 def _check_pull(args) -> None:
-    from spark_backend.jobs.checks import check_pull
+    from spark_backend.jobs.checks import check_beam_pull, check_pull
 
     if args.source == "beam-metadata" and (args.spark_master or args.spark_remote):
         flag = "--spark-master" if args.spark_master else "--spark-remote"
         raise BadInput(f"--source beam-metadata reads the connector's metadata table from this "
                        f"machine, without Spark; leave out {flag}.", field="spark_master")
-    check_pull(_request(args), beam_table=args.table)
+    if args.source == "beam-metadata":
+        check_beam_pull(args.cache_stream, args.project, args.instance, args.database,
+                        args.table, args.heartbeat_ms)
+    else:
+        check_pull(_request(args))
 
 
 def _check_import(args) -> None:
@@ -346,14 +350,16 @@ def _check_key(text: str) -> None:
 
 def _request(args):
     from spark_backend.jobs.pull import PullRequest
+    from spark_backend.jobs.pull_sources import source_named
 
+    source = source_named(args.source, project=args.project, instance=args.instance,
+                          database=args.database, stream=args.stream, dialect=args.dialect,
+                          seed=args.demo_seed, scale=args.demo_scale,
+                          seconds=args.emulator_seconds)
     return PullRequest(
-        source=args.source, stream=args.cache_stream, source_stream=args.stream,
-        project=args.project, instance=args.instance, database=args.database,
-        dialect=args.dialect, start=args.start, end=args.end, heartbeat_ms=args.heartbeat_ms,
-        spark_master=args.spark_master, spark_remote=args.spark_remote,
-        demo_seed=args.demo_seed, demo_scale=args.demo_scale,
-        emulator_seconds=args.emulator_seconds,
+        source=source, stream=args.cache_stream, start=args.start, end=args.end,
+        heartbeat_ms=args.heartbeat_ms, spark_master=args.spark_master,
+        spark_remote=args.spark_remote,
     )
 
 

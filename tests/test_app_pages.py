@@ -481,9 +481,9 @@ def test_cloud_spanner_form_needs_no_dialect():
     form = pulling.PullForm(source="spanner", project="p", instance="i", database="d",
                             source_stream="S", start="2026-01-05T09:00:00Z")
     assert form.dialect == "" and "dialect" not in pulling.validate(form)
-    assert pulling.request_for(form).dialect is None  # asked from the database by the pull
+    assert pulling.request_for(form).source.dialect is None  # asked from the database by the pull
     form.dialect = "postgresql"
-    assert pulling.request_for(form).dialect == "postgresql"
+    assert pulling.request_for(form).source.dialect == "postgresql"
 
 
 @pytest.mark.parametrize("error, said", [

@@ -416,18 +416,17 @@ def test_a_loopback_emulator_host_for_far_executors_is_one_sentence(monkeypatch)
     them at a non-loopback address): they would dial their own loopback and every partition
     would fail after retries; the pull's source says so in one sentence before any job. With
     local executors it is used as given."""
-    from spark_backend.jobs.pull import PullRequest, _open_source
+    from spark_backend.jobs.pull_sources import SpannerSource
     from spark_backend.model.errors import BadInput
 
     monkeypatch.setenv("SPANNER_EMULATOR_HOST", "localhost:9010")
-    request = PullRequest(source="spanner", project="p", instance="i", database="d",
-                          source_stream="S")
-    with pytest.raises(BadInput) as said, _open_source(request, "198.18.0.1"):
+    source = SpannerSource(project="p", instance="i", database="d", stream="S")
+    with pytest.raises(BadInput) as said, source.open("198.18.0.1"):
         pass
     assert str(said.value).startswith(
         "SPANNER_EMULATOR_HOST=localhost:9010 names this machine's loopback"), said.value
     assert "(e.g. 198.18.0.1:PORT" in str(said.value)
-    with _open_source(request, "127.0.0.1") as src:
+    with source.open("127.0.0.1") as src:
         assert src.target.host == "localhost:9010"
 
 

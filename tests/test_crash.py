@@ -178,12 +178,13 @@ def test_a_cache_killed_before_anything_landed_is_read_by_report_and_every_page(
         "import os, signal, sys\n"
         "from spark_backend.cache.store import Cache\n"
         "from spark_backend.jobs import pull\n"
+        "from spark_backend.jobs.pull_sources import DemoSource\n"
         "first = pull._initial_query\n"
         "def then_die(*args, **kwargs):\n"
         "    first(*args, **kwargs)\n"
         "    os.kill(os.getpid(), signal.SIGKILL)\n"
         "pull._initial_query = then_die\n"
-        f"pull.run_pull(Cache(sys.argv[1]), pull.PullRequest(source='demo', demo_scale={SCALE},"
+        f"pull.run_pull(Cache(sys.argv[1]), pull.PullRequest(DemoSource(scale={SCALE}),"
         " reader='here'))\n"
     )
     killed = subprocess.run([sys.executable, "-c", script, str(cache)], cwd=str(ROOT),

@@ -16,6 +16,7 @@ from spark_backend.demo.server import DemoServer
 from spark_backend.demo.world import MUTABLE_KEY_RANGE, QueryError
 from spark_backend.jobs.files import export_recording, import_files
 from spark_backend.jobs.pull import PullRequest, run_pull
+from spark_backend.jobs.pull_sources import DemoSource
 from spark_backend.spanner.connect import SpannerTarget, ask_dialect, open_database
 from spark_backend.spanner.reader import (
     MUTABLE_WINDOW_NS,
@@ -204,7 +205,7 @@ def mutable_pull(request, spark, world, tmp_path_factory):
     with DemoServer(world, dialect=dialect, cut_after=7, latency_ms=0.5,
                     slow_partition=world.stall[0], slow_ms=3) as server:
         result = run_pull(cache, PullRequest(
-            source="demo", demo_host=server.address, dialect=dialect, demo_scale=SCALE,
+            DemoSource(host=server.address, dialect=dialect, scale=SCALE),
             heartbeat_ms=HEARTBEAT_MS))
         cuts = server.cuts_injected
     yield cache, result, cuts, path

@@ -10,7 +10,8 @@ import pytest
 from spark_backend import analysis
 from spark_backend.cache.store import Cache
 from spark_backend.demo.world import build_world
-from spark_backend.jobs.pull import PullRequest, run_pull
+from spark_backend.jobs.pull import PullRequest, PullTuning, run_pull
+from spark_backend.jobs.pull_sources import DemoSource
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.slow  # Spark in this process, or in the processes it starts
@@ -85,7 +86,7 @@ def demo_pull(request, spark, tmp_path_factory):
     path = tmp_path_factory.mktemp(request.param) / "demo.duckdb"
     cache = Cache(path)
     progress = []
-    result = run_pull(cache, PullRequest(source="demo", dialect=request.param,
+    result = run_pull(cache, PullRequest(DemoSource(dialect=request.param),
                                          heartbeat_ms=HEARTBEAT_MS), progress.append)
     yield cache, result, progress, build_world()
     cache.close()
@@ -134,7 +135,7 @@ def test_second_pull_adds_nothing(demo_pull):
     cache, _, _, _ = demo_pull
     before = cached_records(cache, "DemoStream")
     version = cache.version()
-    result = run_pull(cache, PullRequest(source="demo", dialect="googlesql"))
+    result = run_pull(cache, PullRequest(DemoSource(dialect="googlesql")))
     assert result.status == "nothing-to-do"
     assert result.records == 0
     assert cached_records(cache, "DemoStream") == before
@@ -148,10 +149,10 @@ def test_extended_pull_reads_only_the_new_span(spark, tmp_path):
     world = build_world(scale=SMALL)
     mid = world.start + (world.end - world.start) // 2
     cache = Cache(tmp_path / "ext.duckdb")
-    first = run_pull(cache, PullRequest(source="demo", demo_scale=SMALL, end=mid))
+    first = run_pull(cache, PullRequest(DemoSource(scale=SMALL), end=mid))
     assert first.status == "complete"
     assert cached_records(cache, "DemoStream") == truth_records(world, mid)
-    second = run_pull(cache, PullRequest(source="demo", demo_scale=SMALL))
+    second = run_pull(cache, PullRequest(DemoSource(scale=SMALL)))
     assert second.status == "complete"
     # The second pull stored nothing at or before the first pull's end.
     (old,) = cache.con.execute(
@@ -185,8 +186,8 @@ def test_a_pull_that_summarizes_between_landings_ends_with_every_summary_right(
     monkeypatch.setattr(Cache, "summarize_landed", counted)
     world = build_world(scale=SMALL)
     cache = Cache(tmp_path / "early.duckdb")
-    result = run_pull(cache, PullRequest(source="demo", demo_scale=SMALL,
-                                         max_rows_per_task=2_000))
+    result = run_pull(cache, PullRequest(DemoSource(scale=SMALL),
+                                         tuning=PullTuning(max_rows_per_task=2_000)))
     assert result.status == "complete", result.error
     assert early and min(early) > 0  # ran, each time with records landed
     assert_equals_world(cache, "DemoStream", world)
@@ -200,12 +201,11 @@ def test_first_slice_read_here_then_spark_equals_ground_truth(spark, tmp_path):
     first_end = world.start + (world.end - world.start) // 6
     cache = Cache(tmp_path / "here.duckdb")
     jobs_before = spark.sparkContext.statusTracker().getJobIdsForGroup()
-    first = run_pull(cache, PullRequest(source="demo", demo_scale=SMALL, end=first_end,
-                                        reader="here"))
+    first = run_pull(cache, PullRequest(DemoSource(scale=SMALL), end=first_end, reader="here"))
     assert first.status == "complete", first.error
     assert not set(spark.sparkContext.statusTracker().getJobIdsForGroup()) - set(jobs_before)
     assert cached_records(cache, "DemoStream") == truth_records(world, first_end)
-    rest = run_pull(cache, PullRequest(source="demo", demo_scale=SMALL))
+    rest = run_pull(cache, PullRequest(DemoSource(scale=SMALL)))
     assert rest.status == "complete", rest.error
     assert_equals_world(cache, "DemoStream", world, heartbeats=False)
     cache.close()
@@ -246,7 +246,7 @@ def test_a_progress_callback_that_raises_at_the_end_still_ends_the_pull(tmp_path
     end = world.start + (world.end - world.start) // 6
     cache = Cache(tmp_path / "stop.duckdb")
     with pytest.raises(Rerun):
-        run_pull(cache, PullRequest(source="demo", demo_scale=SMALL, end=end, reader="here"),
+        run_pull(cache, PullRequest(DemoSource(scale=SMALL), end=end, reader="here"),
                  progress)
     assert cache.con.execute("SELECT status FROM pulls").fetchall() == [("complete",)]
     txns, wrong = transaction_summaries(cache, "DemoStream")
@@ -258,7 +258,7 @@ def test_unknown_reader_is_one_sentence(tmp_path):
     from spark_backend.model.errors import BadInput
 
     with Cache(tmp_path / "r.duckdb") as cache, pytest.raises(BadInput, match="accepted are"):
-        run_pull(cache, PullRequest(source="demo", reader="threads"))
+        run_pull(cache, PullRequest(DemoSource(), reader="threads"))
 
 
 def test_faults_still_exact(spark, tmp_path):
@@ -266,9 +266,9 @@ def test_faults_still_exact(spark, tmp_path):
     world = build_world(scale=SMALL)
     cache = Cache(tmp_path / "faults.duckdb")
     slow = world.stall[0]
-    result = run_pull(cache, PullRequest(
-        source="demo", demo_scale=SMALL,
-        demo_faults={"cut_after": 3, "latency_ms": 1.0, "slow_partition": slow, "slow_ms": 5}))
+    result = run_pull(cache, PullRequest(DemoSource(
+        scale=SMALL,
+        faults={"cut_after": 3, "latency_ms": 1.0, "slow_partition": slow, "slow_ms": 5})))
     assert result.status == "complete", result.error
     assert_equals_world(cache, "DemoStream", world)
     cache.close()
@@ -280,9 +280,9 @@ def test_short_tasks_are_continued_by_the_next_ones_and_equal_ground_truth(spark
     holds exactly the world, every partition read to its end or the range end."""
     world = build_world(scale=SMALL)
     cache = Cache(tmp_path / "short.duckdb")
-    result = run_pull(cache, PullRequest(source="demo", demo_scale=SMALL,
-                                         max_rows_per_task=200, task_seconds=0.5,
-                                         demo_faults={"latency_ms": 1.0}))
+    result = run_pull(cache, PullRequest(
+        DemoSource(scale=SMALL, faults={"latency_ms": 1.0}),
+        tuning=PullTuning(max_rows_per_task=200, task_seconds=0.5)))
     assert result.status == "complete", result.error
     assert result.waves > 10
     assert_equals_world(cache, "DemoStream", world, heartbeats=False)
@@ -306,7 +306,7 @@ def test_interrupted_pull_leaves_a_consistent_cache_and_resumes(spark, tmp_path)
     world = build_world(scale=SMALL)
     mid = world.start + (world.end - world.start) // 2
     cache = Cache(tmp_path / "crash.duckdb")
-    assert run_pull(cache, PullRequest(source="demo", demo_scale=SMALL, end=mid)).status == (
+    assert run_pull(cache, PullRequest(DemoSource(scale=SMALL), end=mid)).status == (
         "complete")
     at_mid = cached_records(cache, "DemoStream")
 
@@ -315,12 +315,12 @@ def test_interrupted_pull_leaves_a_consistent_cache_and_resumes(spark, tmp_path)
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        run_pull(cache, PullRequest(source="demo", demo_scale=SMALL), crash_while_reading)
+        run_pull(cache, PullRequest(DemoSource(scale=SMALL)), crash_while_reading)
     # The wave being read had not landed: the cache is exactly what it was.
     assert cached_records(cache, "DemoStream") == at_mid
     status = cache.con.execute("SELECT status FROM pulls ORDER BY pull_id").fetchall()
     assert status == [("complete",), ("interrupted",)]
-    result = run_pull(cache, PullRequest(source="demo", demo_scale=SMALL))
+    result = run_pull(cache, PullRequest(DemoSource(scale=SMALL)))
     assert result.status == "complete"
     assert_equals_world(cache, "DemoStream", world, heartbeats=False)
     cache.close()
@@ -330,8 +330,8 @@ def test_partition_that_keeps_failing_is_named_and_what_was_read_is_kept(spark, 
     world = build_world(scale=SMALL)
     bad = max(world.roots, key=lambda p: len(world.records_for(p.token))).token
     cache = Cache(tmp_path / "fail.duckdb")
-    result = run_pull(cache, PullRequest(source="demo", demo_scale=SMALL, max_attempts=2,
-                                         demo_faults={"fail_partition": bad}))
+    result = run_pull(cache, PullRequest(DemoSource(scale=SMALL, faults={"fail_partition": bad}),
+                                         tuning=PullTuning(max_attempts=2)))
     assert result.status == "failed"
     assert result.failed_partition == bad
     assert bad in result.error and "keeps failing" in result.error
@@ -362,7 +362,7 @@ def test_a_cache_duckdb_refuses_is_named_as_the_caches_and_the_next_pull_resumes
     world = build_world(scale=SMALL)
     path = tmp_path / "starved.duckdb"
     with Cache(path, memory_limit=memory) as cache:
-        result = run_pull(cache, PullRequest(source="demo", demo_scale=SMALL))
+        result = run_pull(cache, PullRequest(DemoSource(scale=SMALL)))
     assert result.status == "failed"
     assert result.error.startswith(f"The cache {path} failed {doing} (Out of Memory Error"), (
         result.error)
@@ -371,7 +371,7 @@ def test_a_cache_duckdb_refuses_is_named_as_the_caches_and_the_next_pull_resumes
     assert "Spark" not in result.error and "\n" not in result.error
     with Cache(path) as cache:
         assert cache.con.execute("SELECT status FROM pulls").fetchall() == [("failed",)]
-        assert run_pull(cache, PullRequest(source="demo", demo_scale=SMALL)).status == (
+        assert run_pull(cache, PullRequest(DemoSource(scale=SMALL))).status == (
             "complete")
         assert_equals_world(cache, "DemoStream", world, heartbeats=False)
 
@@ -393,7 +393,7 @@ def test_a_summary_duckdb_refuses_is_one_sentence_and_the_next_open_rebuilds_it(
     with monkeypatch.context() as m:
         m.setattr(Cache, "summarize_transactions", starved)
         with Cache(path) as cache:
-            result = run_pull(cache, PullRequest(source="demo", demo_scale=SMALL))
+            result = run_pull(cache, PullRequest(DemoSource(scale=SMALL)))
     assert result.status == "failed"
     assert result.error.startswith(f"The cache {path} failed while summarizing the pull's "
                                    "transactions (Out of Memory Error"), result.error
@@ -446,7 +446,7 @@ def test_a_summary_whose_cache_another_process_takes_meanwhile_is_one_sentence(
         with Cache(path, memory_limit=PULL_MEMORY_LIMIT) as cache:
             monkeypatch.setattr(Cache, "summarize_transactions", starved_once)
             monkeypatch.setattr(store, "_connect", taken_meanwhile)
-            result = run_pull(cache, PullRequest(source="demo", demo_scale=SMALL))
+            result = run_pull(cache, PullRequest(DemoSource(scale=SMALL)))
             monkeypatch.undo()
     finally:
         for proc in holder:
@@ -511,9 +511,9 @@ def test_each_task_is_stateless_and_every_stop_is_continued_by_a_query_of_its_ow
     world = build_world(seed=7, scale=SMALL)
     with DemoServer(world, latency_ms=1.0) as server:
         cache = Cache(tmp_path / "parked.duckdb")
-        result = run_pull(cache, PullRequest(source="demo", demo_scale=SMALL,
-                                             demo_host=server.address, max_rows_per_task=200,
-                                             task_seconds=0.5))
+        result = run_pull(cache, PullRequest(
+            DemoSource(scale=SMALL, host=server.address),
+            tuning=PullTuning(max_rows_per_task=200, task_seconds=0.5)))
         queries = server.counters["queries"]
     assert result.status == "complete", result.error
     assert_equals_world(cache, "DemoStream", world, heartbeats=False)

@@ -12,6 +12,7 @@ import pytest
 from spark_backend import analysis
 from spark_backend.cache.store import Cache
 from spark_backend.jobs.pull import PullRequest, run_pull
+from spark_backend.jobs.pull_sources import SpannerSource
 from spark_backend.model import config
 from spark_backend.model.timestamps import format_ns, from_datetime, now_ns
 from tests.conftest import require_emulator
@@ -38,9 +39,9 @@ def emulator(request):
 
 
 def _request(world, start_ns, end_ns):
-    return PullRequest(source="spanner", project=world.project, instance=world.instance,
-                       database=world.database, source_stream=world.stream,
-                       start=start_ns, end=end_ns, heartbeat_ms=1000)  # no --dialect: asked
+    # no dialect: asked from the database
+    source = SpannerSource(world.project, world.instance, world.database, world.stream)
+    return PullRequest(source, start=start_ns, end=end_ns, heartbeat_ms=1000)
 
 
 def _committed_in_cache(cache, stream):

@@ -13,7 +13,8 @@ import pytest
 from spark_backend.cache.store import Cache
 from spark_backend.demo.server import DemoServer
 from spark_backend.demo.world import DEMO_STREAM, build_world
-from spark_backend.jobs.pull import PullRequest, run_pull
+from spark_backend.jobs.pull import PullRequest, PullTuning, run_pull
+from spark_backend.jobs.pull_sources import DemoSource, SpannerSource
 from spark_backend.model import config
 from tests.test_pull_demo import _descendants, cached_records, truth_records
 
@@ -44,8 +45,8 @@ def test_no_child_is_read_before_all_its_parents_finished(spark, tmp_path):
     world = build_world(scale=SMALL)
     bad, hidden, child = _merge_below_a_failure(world)
     cache = Cache(tmp_path / "order.duckdb")
-    result = run_pull(cache, PullRequest(source="demo", demo_scale=SMALL, max_attempts=2,
-                                         demo_faults={"fail_partition": bad}))
+    result = run_pull(cache, PullRequest(DemoSource(scale=SMALL, faults={"fail_partition": bad}),
+                                         tuning=PullTuning(max_attempts=2)))
     assert result.status == "failed" and result.failed_partition == bad
     states = dict(cache.con.execute(
         "SELECT token, state FROM partitions WHERE stream = ?", [DEMO_STREAM]).fetchall())
@@ -80,15 +81,14 @@ def test_extension_without_start_in_any_time_zone(spark, tmp_path, monkeypatch, 
     server = DemoServer(world, dialect="googlesql")
     host = server.start()
     monkeypatch.setenv(config.EMULATOR_HOST_ENVVAR, host)
-    names = dict(project="demo-project", instance="demo-instance", database="demo-db",
-                 source_stream=DEMO_STREAM)
+    source = SpannerSource("demo-project", "demo-instance", "demo-db", DEMO_STREAM)
     cache = Cache(tmp_path / "tz.duckdb")
     try:
         monkeypatch.setenv("TZ", tz)
         time.tzset()
-        first = run_pull(cache, PullRequest(source="spanner", start=world.start, end=mid, **names))
+        first = run_pull(cache, PullRequest(source, start=world.start, end=mid))
         assert first.status == "complete", first.error
-        second = run_pull(cache, PullRequest(source="spanner", end=world.end, **names))
+        second = run_pull(cache, PullRequest(source, end=world.end))
         assert second.status == "complete", second.error
         assert cache.cached_range(DEMO_STREAM) == (world.start, world.end)
         data = {r for r in cached_records(cache, DEMO_STREAM) if r[1] == "data_change"}

@@ -26,6 +26,7 @@ sys.path.insert(0, sys.argv[1])
 import spark_backend.jobs.pull_jobs as pull_jobs
 from spark_backend.cache.store import Cache
 from spark_backend.jobs.pull import PullRequest, run_pull
+from spark_backend.jobs.pull_sources import DemoSource
 from spark_backend.spark.session import spark_session, warm_up
 
 received = []  # the rows of each packed row the driver took from Spark
@@ -38,7 +39,7 @@ pull_jobs.packed_rows = spy
 
 warm_up(spark_session())
 with tempfile.TemporaryDirectory() as tmp, Cache(os.path.join(tmp, "c.duckdb")) as cache:
-    result = run_pull(cache, PullRequest(source="demo"))
+    result = run_pull(cache, PullRequest(DemoSource()))
 
 def children(pid):
     found = []

@@ -4,38 +4,42 @@ for the command line to run before anything starts (Spark, servers, emulators, t
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from typing import Any
 
 from spark_backend import formats
 from spark_backend.model import checks, config
+from spark_backend.model.enums import Source
 from spark_backend.spanner.connect import SpannerTarget, check_key_file
-from spark_backend.spanner.reader import validate_heartbeat, validate_stream_name
+from spark_backend.spanner.reader import validate_heartbeat
 
 
-def check_pull(request: Any, beam_table: str | None = None) -> None:
+def check_pull(request: Any) -> None:
     """A pull request (``jobs.pull.PullRequest``), every value; BadInput names the first wrong
-    one. ``source='beam-metadata'`` pulls check ``beam_table`` instead of the stream."""
-    if request.stream is not None:
-        checks.cache_stream_name(request.stream)
-    if request.source_stream is not None and request.source != "beam-metadata":
-        validate_stream_name(request.source_stream)
-    validate_heartbeat(request.heartbeat_ms)
-    checks.pull_values(request)
-    _spanner_ids(request.project, request.instance, request.database)
-    if request.source == "beam-metadata":
-        from spark_backend.jobs.beam_metadata import validate_table_name
+    one."""
+    from spark_backend.jobs.pull import check_request
 
-        if beam_table:
-            validate_table_name(beam_table)
-    if request.source in ("spanner", "beam-metadata") and not os.environ.get(
-            config.EMULATOR_HOST_ENVVAR):
+    source = request.source
+    _spanner_ids(getattr(source, "project", None), getattr(source, "instance", None),
+                 getattr(source, "database", None))
+    check_request(replace(request))  # the pull's own checks (times, source, what it needs)
+    if source.kind == Source.SPANNER and not os.environ.get(config.EMULATOR_HOST_ENVVAR):
         check_key_file()
-    if request.source != "beam-metadata":
-        from dataclasses import replace
 
-        from spark_backend.jobs.pull import _validated
 
-        _validated(replace(request))  # the pull's own checks (times, source, what it needs)
+def check_beam_pull(stream: str | None, project: str | None, instance: str | None,
+                    database: str | None, table: str | None, heartbeat_ms: int) -> None:
+    """A pull of the Beam connector's metadata table (``--source beam-metadata``)."""
+    from spark_backend.jobs.beam_metadata import validate_table_name
+
+    if stream is not None:
+        checks.cache_stream_name(stream)
+    validate_heartbeat(heartbeat_ms)
+    _spanner_ids(project, instance, database)
+    if table:
+        validate_table_name(table)
+    if not os.environ.get(config.EMULATOR_HOST_ENVVAR):
+        check_key_file()
 
 
 def _spanner_ids(project: str | None, instance: str | None, database: str | None) -> None:

@@ -26,7 +26,7 @@ import duckdb
 from spark_backend.cache.store import Cache, disk_full
 from spark_backend.jobs.pull_jobs import JOB_DONE, Jobs
 from spark_backend.jobs.pull_plan import Plan, Wave
-from spark_backend.jobs.pull_sources import OpenSource, demo_world, source_for
+from spark_backend.jobs.pull_sources import OpenSource, PullSource, demo_world
 from spark_backend.model import checks, config
 from spark_backend.model.enums import PartitionState, Source, values
 from spark_backend.model.errors import (
@@ -50,7 +50,8 @@ from spark_backend.spanner.reader import (
 from spark_backend.spark.packing import Packed
 
 # The jobs room's pull API (``demo_world``: the dashboard's demo servers serve the same world).
-__all__ = ["PullProgress", "PullRequest", "PullResult", "demo_world", "planned_serving_address",
+__all__ = ["PullProgress", "PullRequest", "PullResult", "PullTuning", "check_request",
+           "demo_world", "planned_serving_address",
            "run_pull", "serving_address", "start_spark", "start_spark_early"]
 
 SOURCES = values(Source)
@@ -58,37 +59,46 @@ READERS = ("spark", "here")
 
 
 @dataclass
+class PullTuning:
+    """How a pull's tasks read (the defaults suit every source; tests and benchmarks vary
+    them). A task stops its reads after ``max_rows_per_task`` rows or ``task_seconds``: that
+    bounds what one task hands to the driver (and what waits there for the landing); each stop
+    costs the next task a new query of that partition, so a larger budget means fewer stops for
+    a little more memory (measurements: benchmarks/MEMORY.md)."""
+
+    max_attempts: int = 6               # tries of a query before its partition fails
+    threads_per_task: int = 64          # partitions a task reads at once (they mostly wait)
+    max_rows_per_task: int = 32_768
+    task_seconds: float = 8.0           # a task's results reach the driver when it ends
+
+    def check(self) -> None:
+        checks.integer(self.max_attempts, "max_attempts", 1, 100, field="max_attempts")
+        checks.integer(self.threads_per_task, "threads_per_task", 1, 256,
+                       field="threads_per_task")
+        checks.integer(self.max_rows_per_task, "max_rows_per_task", 100, 10_000_000,
+                       field="max_rows_per_task")
+        checks.number(self.task_seconds, "task_seconds", 0.5, 3600, "seconds",
+                      field="task_seconds")
+
+
+@dataclass
 class PullRequest:
-    source: str
+    """What a user asks a pull for: the source (``pull_sources``: the demo, an emulator or a
+    Spanner database, with the source's own values), the range, the stream's name in the
+    cache, and the Spark to read with."""
+
+    source: PullSource
     stream: str | None = None            # name in the cache (default: the source stream)
-    source_stream: str | None = None     # the change stream's name at the source
-    project: str | None = None
-    instance: str | None = None
-    database: str | None = None
-    dialect: str | None = None            # None: the database's own (asked); given: overrides
     start: str | int | None = None
     end: str | int | None = None
     heartbeat_ms: int = config.DEFAULT_HEARTBEAT_MS
     spark_master: str | None = None
     spark_remote: str | None = None
-    demo_seed: int = 7
-    demo_scale: float = 1.0
-    demo_faults: dict[str, Any] = field(default_factory=dict)
-    demo_host: str | None = None         # an already running demo server (the dashboard's)
-    emulator_host: str | None = None     # an already running, provisioned emulator (ditto)
-    emulator_seconds: float = 20.0
-    max_attempts: int = 6
-    threads_per_task: int = 64          # partitions a task reads at once (they mostly wait)
-    # A task's budget: it stops its reads after this many rows or seconds. It bounds what one
-    # task hands to the driver (and what waits there for the landing); each stop costs the
-    # next task a new query of that partition, so a larger budget means fewer stops for a
-    # little more memory (measurements: benchmarks/MEMORY.md).
-    max_rows_per_task: int = 32_768
-    task_seconds: float = 8.0           # a task's results reach the driver when it ends
     # "spark": Spark's tasks read (the pull). "here": this process reads, without Spark: for a
     # small span while Spark is still starting (the dashboard's first minute); same reader,
     # same workflow, same landing.
     reader: str = "spark"
+    tuning: PullTuning = field(default_factory=PullTuning)
 
 
 @dataclass
@@ -120,28 +130,26 @@ class PullResult:
     seconds: float = 0.0
 
 
-def _validated(request: PullRequest) -> PullRequest:
-    if request.source not in SOURCES:
-        raise BadInput(
-            f"Unknown source {request.source!r}; accepted sources are {', '.join(SOURCES)}.",
-            field="source",
-        )
+def check_request(request: PullRequest) -> PullRequest:
+    """``request`` with its times as UTC ns, every value checked (``BadInput`` names the first
+    that is not accepted) before Spark, a server or an emulator starts."""
+    source = request.source
+    if not hasattr(source, "open") or getattr(source, "kind", None) not in SOURCES:
+        raise BadInput(f"Unknown source {source!r}; accepted sources are {', '.join(SOURCES)}.",
+                       field="source")
     if request.reader not in READERS:
         raise BadInput(f"Unknown reader {request.reader!r}; accepted are {', '.join(READERS)}.",
                        field="source")
-    if request.dialect is not None:
-        validate_dialect(request.dialect)
+    if source.dialect is not None:
+        validate_dialect(source.dialect)
     validate_heartbeat(request.heartbeat_ms)
-    checks.pull_values(request)  # scales, seconds, names: before Spark or a server starts
-    if request.source_stream is not None:
-        validate_stream_name(request.source_stream)
-    if request.source == "spanner":
-        missing = [n for n in ("project", "instance", "database", "source_stream")
-                   if not getattr(request, n)]
-        if missing:
-            flags = ", ".join("--stream" if m == "source_stream" else f"--{m}" for m in missing)
-            at_fault = "stream" if missing[0] == "source_stream" else missing[0]
-            raise BadInput(f"The spanner source needs {flags}.", field=at_fault)
+    if request.stream is not None:
+        checks.cache_stream_name(request.stream)
+    source.check()
+    request.tuning.check()
+    checks.spark_choice(request.spark_master, request.spark_remote)
+    if source.stream is not None:
+        validate_stream_name(source.stream)
     for label in ("start", "end"):
         value = getattr(request, label)
         if value is not None:
@@ -154,7 +162,8 @@ def _validated(request: PullRequest) -> PullRequest:
             f"--start {format_ns(request.start)} is after --end {format_ns(request.end)}; "
             "the start must be before or at the end.", field="start",
         )
-    if request.start is not None and request.source != "demo" and request.start > now_ns() + 1e9:
+    if (request.start is not None and source.kind != Source.DEMO
+            and request.start > now_ns() + 1e9):
         raise BadInput(
             f"--start {format_ns(request.start)} is in the future; change streams can only be "
             "read from the past (within the retention period).", field="start",
@@ -162,20 +171,14 @@ def _validated(request: PullRequest) -> PullRequest:
     return request
 
 
-def _open_source(request: PullRequest, bind: str = "127.0.0.1"):
-    """The source ``request`` names, opened (``pull_sources``): a context giving an
-    ``OpenSource``; ``bind``: the address of this machine the executors reach."""
-    return source_for(request).open(bind)
-
-
 # --- the wave loop ---------------------------------------------------------------------------
 
 
 def _initial_query(cache, stream, pull_id, src, request, start_ns, end_ns) -> int:
     """The NULL-token query, on the driver: names the first partitions (and fails fast)."""
-    rows = initial_query_rows(open_database(src.target), request.dialect, src.source_stream,
+    rows = initial_query_rows(open_database(src.target), src.target.dialect, src.source_stream,
                               start_ns, end_ns, request.heartbeat_ms,
-                              max_attempts=request.max_attempts)
+                              max_attempts=request.tuning.max_attempts)
     stats = cache.ingest(stream, pull_id, to_arrow_batch(rows))
     return stats.child_partitions
 
@@ -353,7 +356,7 @@ def _read_all(spark, cache, stream, pull_id, src, request, parts, end_ns, report
     plan = Plan(cache.finished_partitions(stream))
     plan.offer(parts)
     lander = _Lander(cache, stream, pull_id, end_ns, jobs, events,
-                     max_rows=request.max_rows_per_task)
+                     max_rows=request.tuning.max_rows_per_task)
     failures: list[tuple[str, str]] = []
     pending: dict[int, list[Any]] = {}
     known = cache.partition_count(stream)
@@ -440,9 +443,9 @@ def _read_here(spark, cache, stream, pull_id, src, request, parts, end_ns, repor
         wave = Wave(result.waves)
         report(PullProgress(wave.number, result.partitions_read, cache.partition_count(stream),
                             result.records, f"reading {len(parts)} partitions in this process"))
-        rows = read_partitions(database, request.dialect, src.source_stream, parts, end_ns,
-                               request.heartbeat_ms, threads=request.threads_per_task,
-                               max_attempts=request.max_attempts,
+        rows = read_partitions(database, src.target.dialect, src.source_stream, parts, end_ns,
+                               request.heartbeat_ms, threads=request.tuning.threads_per_task,
+                               max_attempts=request.tuning.max_attempts,
                                finished=cache.finished_partitions(stream))
         ingest_stream(cache, stream, pull_id, (to_arrow_batch(b) for b in batched(rows, 4096)),
                       on_chunk=wave.count,
@@ -510,7 +513,7 @@ def run_pull(
     progress: Callable[[PullProgress], None] | None = None,
 ) -> PullResult:
     """Pull ``[start, end]`` of a change stream into the cache; see the module docstring."""
-    request = _validated(request)
+    request = check_request(request)
     report = progress or (lambda p: None)
     began = time.monotonic()
     from spark_backend.spark.session import spark_session
@@ -519,8 +522,8 @@ def run_pull(
     spark = (spark_session(request.spark_master, request.spark_remote)
              if request.reader == "spark" else None)
     bind = serving_address(spark) if spark is not None else "127.0.0.1"
-    with _open_source(request, bind) as src:
-        src, request, dialect_error = _settle_dialect(src, request)
+    with request.source.open(bind) as src:
+        src, dialect_error = _settle_dialect(src)
         stream = request.stream or src.source_stream
         start_ns = request.start if request.start is not None else src.default_start_ns
         if start_ns is None:
@@ -533,13 +536,14 @@ def run_pull(
             raise BadInput(f"--start {format_ns(start_ns)} is after the end {format_ns(end_ns)}.",
                            field="start")
         cache.ensure_stream(
-            stream, system="spanner", source=request.source, dialect=request.dialect,
+            stream, system="spanner", source=request.source.kind, dialect=src.target.dialect,
             location=src.location, source_stream=src.source_stream,
             heartbeat_ms=request.heartbeat_ms,
         )
         _check_range(cache, stream, start_ns)
         cache.close_running_pulls(stream)
-        pull_id = cache.begin_pull(stream, request.source, start_ns, end_ns, request.heartbeat_ms)
+        pull_id = cache.begin_pull(stream, request.source.kind, start_ns, end_ns,
+                                   request.heartbeat_ms)
         result = PullResult(stream=stream, status="running", pull_id=pull_id)
         try:
             if dialect_error is not None:
@@ -577,18 +581,15 @@ def run_pull(
     return result
 
 
-def _settle_dialect(
-    src: OpenSource, request: PullRequest,
-) -> tuple[OpenSource, PullRequest, InspectorError | None]:
-    """The database's own dialect, unless ``request.dialect`` overrides it (then a query the
-    database refuses for the dialect says so in one sentence). A database that cannot be
+def _settle_dialect(src: OpenSource) -> tuple[OpenSource, InspectorError | None]:
+    """The database's own dialect, unless the source's ``dialect`` overrides it (then a query
+    the database refuses for the dialect says so in one sentence). A database that cannot be
     asked fails the pull like any source error (returned, raised where the pull records it)."""
     try:
         target = with_database_dialect(src.target)
     except InspectorError as e:
-        return src, request, e
-    return (dataclasses.replace(src, target=target),
-            dataclasses.replace(request, dialect=target.dialect), None)
+        return src, e
+    return dataclasses.replace(src, target=target), None
 
 
 def _failure_message(failures: list[tuple[str, str]], states: dict[str, int]) -> str:

@@ -1,8 +1,10 @@
-"""Where a pull reads from: one small interface, :class:`PullSource`, whose ``open(bind)``
-starts what the source needs, gives the target to read (:class:`OpenSource`) and stops what it
-started afterwards. Three sources: the demo world (:class:`DemoSource`), a local Cloud Spanner
-emulator (:class:`EmulatorSource`) and a Spanner database, Cloud Spanner or any endpoint on
-``$SPANNER_EMULATOR_HOST`` (:class:`SpannerSource`). The pull itself only reads the target.
+"""Where a pull reads from: one small interface, :class:`PullSource`, whose ``check()`` refuses
+bad values before anything starts and whose ``open(bind)`` starts what the source needs, gives
+the target to read (:class:`OpenSource`) and stops what it started afterwards. Three sources:
+the demo world (:class:`DemoSource`), a local Cloud Spanner emulator (:class:`EmulatorSource`)
+and a Spanner database, Cloud Spanner or any endpoint on ``$SPANNER_EMULATOR_HOST``
+(:class:`SpannerSource`). The pull itself only reads the target; ``source_named`` makes a
+source from the command line's or the dashboard form's values.
 """
 
 from __future__ import annotations
@@ -13,9 +15,10 @@ import os
 from collections.abc import Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
-from spark_backend.model import config
+from spark_backend.model import checks, config
+from spark_backend.model.enums import Source, values
 from spark_backend.model.errors import BadInput, SourceError
 from spark_backend.spanner.connect import SpannerTarget
 
@@ -33,6 +36,14 @@ class OpenSource:
 
 
 class PullSource(Protocol):
+    kind: ClassVar[str]    # a ``model.enums.Source``: what the cache records as the origin
+    dialect: str | None    # None: the database's own (asked); given: overrides
+    stream: str | None     # the change stream's name at the source (None: the source's own)
+
+    def check(self) -> None:
+        """Raise ``BadInput`` naming the first value that is not accepted."""
+        ...
+
     def open(self, bind: str) -> AbstractContextManager[OpenSource]:
         """Start what the source needs (a server, an emulator), listening on ``bind`` (the
         address of this machine the executors reach), and stop it when the context ends."""
@@ -44,12 +55,17 @@ class DemoSource:
     """The simulated world, served by a Spanner-protocol server of this process (or by the
     dashboard's, at ``host``)."""
 
+    kind: ClassVar[str] = Source.DEMO
     seed: int = 7
     scale: float = 1.0
     dialect: str | None = None
     stream: str | None = None
     faults: dict[str, Any] = field(default_factory=dict, hash=False)
     host: str | None = None  # an already running demo server (the dashboard's)
+
+    def check(self) -> None:
+        checks.number(self.scale, "--demo-scale", *checks.DEMO_SCALE, field="demo_scale")
+        checks.integer(self.seed, "--demo-seed", *checks.DEMO_SEED, field="demo_seed")
 
     @contextlib.contextmanager
     def open(self, bind: str) -> Iterator[OpenSource]:
@@ -82,6 +98,7 @@ class EmulatorSource:
     """A local Cloud Spanner emulator: the dashboard's, running at ``host`` (read, left
     running), or one started for the pull with a workload (``seed``) for ``seconds``."""
 
+    kind: ClassVar[str] = Source.EMULATOR
     project: str | None = None
     instance: str | None = None
     database: str | None = None
@@ -90,6 +107,11 @@ class EmulatorSource:
     host: str | None = None
     seconds: float = 20.0
     seed: int = 7
+
+    def check(self) -> None:
+        checks.number(self.seconds, "--emulator-seconds", *checks.EMULATOR_SECONDS, "seconds",
+                      field="emulator_seconds")
+        checks.integer(self.seed, "--demo-seed", *checks.DEMO_SEED, field="demo_seed")
 
     @contextlib.contextmanager
     def open(self, bind: str) -> Iterator[OpenSource]:
@@ -129,11 +151,19 @@ class SpannerSource:
     ``$SPANNER_EMULATOR_HOST`` names, resolved when it opens (Spark's workers do not see
     environment changes made after they started)."""
 
-    project: str
-    instance: str
-    database: str
-    stream: str
+    kind: ClassVar[str] = Source.SPANNER
+    project: str | None = None
+    instance: str | None = None
+    database: str | None = None
+    stream: str | None = None
     dialect: str | None = None
+
+    def check(self) -> None:
+        missing = [n for n in ("project", "instance", "database", "stream")
+                   if not getattr(self, n)]
+        if missing:
+            flags = ", ".join(f"--{m}" for m in missing)
+            raise BadInput(f"The spanner source needs {flags}.", field=missing[0])
 
     @contextlib.contextmanager
     def open(self, bind: str) -> Iterator[OpenSource]:
@@ -152,17 +182,20 @@ class SpannerSource:
         yield OpenSource(target, self.stream, None, None, target.path)
 
 
-def source_for(request: Any) -> PullSource:
-    """The source a pull request (``pull.PullRequest``, validated) names."""
-    if request.source == "demo":
-        return DemoSource(request.demo_seed, request.demo_scale, request.dialect,
-                          request.source_stream, request.demo_faults, request.demo_host)
-    if request.source == "emulator":
-        return EmulatorSource(request.project, request.instance, request.database,
-                              request.dialect, request.source_stream, request.emulator_host,
-                              request.emulator_seconds, request.demo_seed)
-    return SpannerSource(request.project, request.instance, request.database,
-                         request.source_stream, request.dialect)
+def source_named(kind: str, *, project: str | None = None, instance: str | None = None,
+                 database: str | None = None, stream: str | None = None,
+                 dialect: str | None = None, seed: int = 7, scale: float = 1.0,
+                 seconds: float = 20.0, host: str | None = None) -> PullSource:
+    """The source of kind ``kind`` (a ``model.enums.Source``) with the values a user gave (the
+    command line's flags, the dashboard's form); each kind takes the values it uses."""
+    if kind == Source.DEMO:
+        return DemoSource(seed, scale, dialect, stream, host=host)
+    if kind == Source.EMULATOR:
+        return EmulatorSource(project, instance, database, dialect, stream, host, seconds, seed)
+    if kind == Source.SPANNER:
+        return SpannerSource(project, instance, database, stream, dialect)
+    raise BadInput(f"Unknown source {kind!r}; accepted sources are {', '.join(values(Source))}.",
+                   field="source")
 
 
 _demo_servers: dict[tuple, tuple[Any, Any]] = {}

@@ -133,19 +133,3 @@ def spark_choice(master: str | None, remote: str | None) -> None:
         spark_master(os.environ.get(config.SPARK_MASTER_ENVVAR) or None,
                      f"${config.SPARK_MASTER_ENVVAR}")
         spark_conf(os.environ.get(config.SPARK_CONF_ENVVAR))
-
-
-def pull_values(request: Any) -> None:
-    """The numbers and names of a pull request (``jobs.pull.PullRequest``)."""
-    if request.stream is not None:
-        cache_stream_name(request.stream)
-    number(request.demo_scale, "--demo-scale", *DEMO_SCALE, field="demo_scale")
-    integer(request.demo_seed, "--demo-seed", *DEMO_SEED, field="demo_seed")
-    number(request.emulator_seconds, "--emulator-seconds", *EMULATOR_SECONDS, "seconds",
-           field="emulator_seconds")
-    integer(request.max_attempts, "max_attempts", 1, 100, field="max_attempts")
-    integer(request.threads_per_task, "threads_per_task", 1, 256, field="threads_per_task")
-    integer(request.max_rows_per_task, "max_rows_per_task", 100, 10_000_000,
-            field="max_rows_per_task")
-    number(request.task_seconds, "task_seconds", 0.5, 3600, "seconds", field="task_seconds")
-    spark_choice(request.spark_master, request.spark_remote)

@@ -95,9 +95,10 @@ def pull_demo(path: str, seed: int = DEMO_SEED, scale: float = DEMO_SCALE) -> st
     """Fill the cache at ``path`` with the demo world through ``run_pull`` (source demo); a
     pull that does not complete fails the test that asked for it (no cache made another way)."""
     from spark_backend.jobs.pull import PullRequest, run_pull
+    from spark_backend.jobs.pull_sources import DemoSource
 
     with Cache(path) as cache:
-        result = run_pull(cache, PullRequest(source="demo", demo_seed=seed, demo_scale=scale))
+        result = run_pull(cache, PullRequest(DemoSource(seed=seed, scale=scale)))
     assert result.status == "complete", f"run_pull(source='demo') ended {result.status}: " \
         f"{result.error}"
     return path
