@@ -172,10 +172,10 @@ def test_a_pull_that_summarizes_between_landings_ends_with_every_summary_right(
     """The lander summarizes what landed whenever a task slot idles (here at once, from the
     first record on, then at doubling counts): the pull still ends with exactly the world and
     one right summary per transaction (``test_cache`` checks what each summary rebuilds)."""
-    from spark_backend.jobs import pull
+    from spark_backend.jobs import pull_landing
 
-    monkeypatch.setattr(pull, "EARLY_SUMMARY_IDLE_S", 0.0)
-    monkeypatch.setattr(pull, "EARLY_SUMMARY_RECORDS", 1)
+    monkeypatch.setattr(pull_landing, "EARLY_SUMMARY_IDLE_S", 0.0)
+    monkeypatch.setattr(pull_landing, "EARLY_SUMMARY_RECORDS", 1)
     early: list[int] = []
     summarize_landed = Cache.summarize_landed
 

@@ -16,7 +16,7 @@ import duckdb
 import pytest
 
 from spark_backend.cache.store import Cache, cache_failure
-from spark_backend.jobs import pull
+from spark_backend.jobs import pull_landing
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -174,7 +174,7 @@ def test_a_full_disk_is_named_as_such_not_as_memory(full_disk):
         cache.con.execute("INSERT INTO meta VALUES ('x', repeat('a', 4000000))")
     cache.close()
     for error in (spilled.value, written.value):
-        said = pull._cache_failed(cache, error, "landing a task's results")
+        said = pull_landing.cache_failed(cache, error, "landing a task's results")
         assert said.endswith(f"; free space on the disk of {cache.path} and pull again to "
                              "resume."), said
         assert "memory" not in said.split(")")[-1]

@@ -336,7 +336,7 @@ def test_results_that_arrive_during_a_landing_do_not_wait_for_it(tmp_path, monke
     from types import SimpleNamespace
 
     from spark_backend.cache import ingest
-    from spark_backend.jobs import pull
+    from spark_backend.jobs import pull_landing
 
     gate, landing, landings = threading.Event(), threading.Event(), []
     real = ingest.ingest_stream
@@ -348,7 +348,7 @@ def test_results_that_arrive_during_a_landing_do_not_wait_for_it(tmp_path, monke
             assert gate.wait(60)
         return real(cache, stream, pull_id, batches, **kw)
 
-    monkeypatch.setattr(ingest, "ingest_stream", slow_first)
+    monkeypatch.setattr(pull_landing, "ingest_stream", slow_first)
     cache = Cache(tmp_path / "lander.duckdb")
     cache.ensure_stream("s", system="spanner")
     pull_id = cache.begin_pull("s", "test", T0, END, 10_000)
@@ -370,8 +370,8 @@ def test_results_that_arrive_during_a_landing_do_not_wait_for_it(tmp_path, monke
     rows = {name: sum(x.num_rows for x in batches)
             for name, batches in (("initial", initial), ("b", b), ("c", c))}
     events: queue.Queue = queue.Queue()
-    lander = pull._Lander(cache, "s", pull_id, END, SimpleNamespace(started=1), events,
-                          max_rows=rows["initial"] + rows["b"] + rows["c"])
+    lander = pull_landing.Lander(cache, "s", pull_id, END, SimpleNamespace(started=1), events,
+                                 max_rows=rows["initial"] + rows["b"] + rows["c"])
     lander.put(_arrived(initial))  # lands first, held at the gate
     assert landing.wait(30)
     putting = threading.Thread(target=lambda: (lander.put(_arrived(b)), lander.put(_arrived(c))))
@@ -386,7 +386,7 @@ def test_results_that_arrive_during_a_landing_do_not_wait_for_it(tmp_path, monke
     beyond.join(30)
     lander.close()
     landed = [events.get_nowait()[1] for _ in range(events.qsize())]
-    assert [item[0] for item in landed] == [pull._LANDED] * 4
+    assert [item[0] for item in landed] == [pull_landing.LANDED] * 4
     assert landings == [rows["initial"], rows["b"], rows["c"], sum(x.num_rows for x in a)]
     assert cache.frontier("s", END) == []
     assert cache.con.execute(
@@ -403,20 +403,20 @@ def test_the_lander_summarizes_at_an_idle_slot_and_at_doubling_record_counts(tmp
     import queue
     from types import SimpleNamespace
 
-    from spark_backend.jobs import pull
+    from spark_backend.jobs import pull_landing
 
     cache = Cache(tmp_path / "due.duckdb")
     cache.ensure_stream("s", system="spanner")
     pull_id = cache.begin_pull("s", "test", T0, END, 10_000)
-    lander = pull._Lander(cache, "s", pull_id, END, SimpleNamespace(started=1), queue.Queue(),
-                          max_rows=1_000)
-    first = pull.EARLY_SUMMARY_RECORDS
+    lander = pull_landing.Lander(cache, "s", pull_id, END, SimpleNamespace(started=1),
+                                 queue.Queue(), max_rows=1_000)
+    first = pull_landing.EARLY_SUMMARY_RECORDS
     try:
         lander.total.records = 10 * first
         assert lander._summary_due_in() is None  # no slot idle
         lander.idle_since = time.monotonic()
-        assert 0 < lander._summary_due_in() <= pull.EARLY_SUMMARY_IDLE_S
-        lander.idle_since = time.monotonic() - pull.EARLY_SUMMARY_IDLE_S
+        assert 0 < lander._summary_due_in() <= pull_landing.EARLY_SUMMARY_IDLE_S
+        lander.idle_since = time.monotonic() - pull_landing.EARLY_SUMMARY_IDLE_S
         for summarized_at, records, due in [
                 (0, first - 1, False), (0, first, True),
                 (first, 2 * first - 1, False), (first, 2 * first, True),
