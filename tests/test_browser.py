@@ -433,6 +433,8 @@ def test_five_clicks_select_five_partitions(page, server):
 def test_the_selected_partition_travels_through_the_sidebars_links(page, server):
     """A partition clicked on the DAG is still selected on the pages the sidebar opens (its
     links carry no URL parameters) and is back in their URL."""
+    from playwright.sync_api import expect
+
     _open(page, server, "dag", "?stream=DemoStream")
     target = page.evaluate(_BAR_JS, 4)
     page.mouse.click(target["x"], target["y"])
@@ -447,12 +449,13 @@ def test_the_selected_partition_travels_through_the_sidebars_links(page, server)
             arg=target["token"], timeout=HANG_MS)
         _settle(page)
         assert not page.query_selector('[data-testid="stException"]'), title
+        if title == "Watermarks":  # drilled into it
+            expect(page.locator('[data-testid="stMain"]')).to_contain_text(
+                target["token"], timeout=HANG_MS)
+        else:  # Records and the DAG: their partition list shows it chosen
+            chosen = page.locator('[data-testid="stSelectbox"] input[aria-label="Partition"]')
+            expect(chosen.first).to_have_value(target["token"], timeout=HANG_MS)
         page.screenshot(path=str(SHOTS / f"partition-travels-{title}.png"), full_page=True)
-        chosen = page.locator('[data-testid="stSelectbox"] input[aria-label="Partition"]')
-        if chosen.count():  # Records and the DAG: their partition list shows it chosen
-            assert chosen.first.input_value() == target["token"], title
-        else:  # Watermarks: drilled into it
-            assert target["token"] in _text(page, '[data-testid="stMain"]'), title
 
 
 # --- a shared Watermarks URL restores its moment -----------------------------------------------

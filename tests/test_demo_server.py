@@ -74,12 +74,16 @@ def _gsql_to_dict(value) -> dict:
         "child_partitions": [{"token": t, "parent_partition_tokens": list(p)} for t, p in c[2]]}}
 
 
-def _chunky_partition(world):
+@pytest.fixture(scope="module")
+def chunky(world):
     """An ended partition of moderate size whose records include values long enough to be
-    chunked across several PartialResultSets."""
-    cands = [p for p in world.partitions if p.end is not None
-             and any(len(json.dumps(r)) > 3000 for r in world.records_for(p.token))]
-    return min(cands, key=lambda p: abs(len(world.records_for(p.token)) - 500))
+    chunked across several PartialResultSets (looked for once: it reads every record)."""
+    sizes = {}
+    for p in world.partitions:
+        records = world.records_for(p.token) if p.end is not None else []
+        if any(len(json.dumps(r)) > 3000 for r in records):
+            sizes[p] = len(records)
+    return min(sizes, key=lambda p: abs(sizes[p] - 500))
 
 
 def _canon(rec) -> str:
@@ -138,10 +142,9 @@ def test_dialect_and_initial_query(served, world):
         [p.token for p in world.roots]
 
 
-def test_partition_query_equals_world_query(served, world):
+def test_partition_query_equals_world_query(served, world, chunky):
     srv, reader = served
-    # a partition that ends (split/merge) and holds long, chunked values
-    p = _chunky_partition(world)
+    p = chunky  # a partition that ends (split/merge) and holds long, chunked values
     chunked_before = srv.counters["chunked"]
     got = reader.query(p.token, p.start, None, 2000)
     want = list(world.query(p.token, p.start, None, 2000))
@@ -218,8 +221,8 @@ def test_positional_and_literal_forms(world):
 
 
 @pytest.mark.parametrize("dialect", ["googlesql", "postgresql"])
-def test_cuts_are_resumed_without_loss_or_duplicates(world, dialect):
-    p = _chunky_partition(world)
+def test_cuts_are_resumed_without_loss_or_duplicates(world, chunky, dialect):
+    p = chunky
     want = [_canon(r) for r in world.query(p.token, p.start, None, 5000)]
     with DemoServer(world, dialect=dialect, cut_after=3, latency_ms=0.0) as srv:
         got = [_canon(r) for r in Reader(srv.address, dialect).query(p.token, p.start, None,

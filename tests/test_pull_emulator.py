@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import time
 from collections import Counter
+from dataclasses import replace
 
 import pytest
 
@@ -131,11 +132,11 @@ def test_unknown_stream_and_database_are_named(emulator, spark, tmp_path):
     cache = Cache(tmp_path / "bad.duckdb")
     start = from_datetime(emulator.created_at)
     bad_stream = _request(emulator, start, start + 10**9)
-    bad_stream.source_stream = "NoSuchStream"
+    bad_stream.source = replace(bad_stream.source, stream="NoSuchStream")
     result = run_pull(cache, bad_stream)
     assert result.status == "failed" and "NoSuchStream" in result.error
     bad_db = _request(emulator, start, start + 10**9)
-    bad_db.database = "nosuchdb"
+    bad_db.source = replace(bad_db.source, database="nosuchdb")
     result = run_pull(cache, bad_db)
     assert result.status == "failed" and "nosuchdb" in result.error
     cache.close()
@@ -206,7 +207,7 @@ def test_a_wrong_dialect_is_answered_with_the_database_dialect(emulator, spark, 
     start = from_datetime(emulator.created_at)
     wrong = "postgresql" if emulator.dialect == "googlesql" else "googlesql"
     request = _request(emulator, start, start + 10**9)
-    request.dialect = wrong
+    request.source = replace(request.source, dialect=wrong)
     result = run_pull(cache, request)
     assert result.status == "failed"
     own = "PostgreSQL" if emulator.dialect == "postgresql" else "GoogleSQL"

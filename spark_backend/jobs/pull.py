@@ -58,7 +58,7 @@ SOURCES = values(Source)
 READERS = ("spark", "here")
 
 
-@dataclass
+@dataclass(slots=True)
 class PullTuning:
     """How a pull's tasks read (the defaults suit every source; tests and benchmarks vary
     them). A task stops its reads after ``max_rows_per_task`` rows or ``task_seconds``: that
@@ -81,7 +81,7 @@ class PullTuning:
                       field="task_seconds")
 
 
-@dataclass
+@dataclass(slots=True)
 class PullRequest:
     """What a user asks a pull for: the source (``pull_sources``: the demo, an emulator or a
     Spanner database, with the source's own values), the range, the stream's name in the
