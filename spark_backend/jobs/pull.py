@@ -196,7 +196,7 @@ def _read_all(spark, cache, stream, pull_id, src, request, parts, end_ns, report
     plan = Plan(cache.finished_partitions(stream))
     plan.offer(parts)
     lander = Lander(cache, stream, pull_id, end_ns, jobs, events,
-                     max_rows=request.tuning.max_rows_per_task)
+                    max_rows=request.tuning.max_rows_per_task)
     failures: list[tuple[str, str]] = []
     pending: dict[int, list[Any]] = {}
     known = cache.partition_count(stream)

@@ -10,6 +10,7 @@ source from the command line's or the dashboard form's values.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import os
 from collections.abc import Iterator
@@ -184,18 +185,22 @@ class SpannerSource:
 
 def source_named(kind: str, *, project: str | None = None, instance: str | None = None,
                  database: str | None = None, stream: str | None = None,
-                 dialect: str | None = None, seed: int = 7, scale: float = 1.0,
-                 seconds: float = 20.0, host: str | None = None) -> PullSource:
+                 dialect: str | None = None, seed: int | None = None,
+                 scale: float | None = None, seconds: float | None = None,
+                 host: str | None = None) -> PullSource:
     """The source of kind ``kind`` (a ``model.enums.Source``) with the values a user gave (the
-    command line's flags, the dashboard's form); each kind takes the values it uses."""
-    if kind == Source.DEMO:
-        return DemoSource(seed, scale, dialect, stream, host=host)
-    if kind == Source.EMULATOR:
-        return EmulatorSource(project, instance, database, dialect, stream, host, seconds, seed)
-    if kind == Source.SPANNER:
-        return SpannerSource(project, instance, database, stream, dialect)
-    raise BadInput(f"Unknown source {kind!r}; accepted sources are {', '.join(values(Source))}.",
-                   field="source")
+    command line's flags, the dashboard's form); each kind takes the values it uses, and a
+    value not given (None) is the source's default."""
+    kinds = {Source.DEMO: DemoSource, Source.EMULATOR: EmulatorSource,
+             Source.SPANNER: SpannerSource}
+    if kind not in kinds:
+        raise BadInput(f"Unknown source {kind!r}; accepted sources are "
+                       f"{', '.join(values(Source))}.", field="source")
+    given = dict(project=project, instance=instance, database=database, stream=stream,
+                 dialect=dialect, seed=seed, scale=scale, seconds=seconds, host=host)
+    cls = kinds[kind]
+    return cls(**{f.name: given[f.name] for f in dataclasses.fields(cls)
+                  if given.get(f.name) is not None})
 
 
 _demo_servers: dict[tuple, tuple[Any, Any]] = {}
