@@ -5,8 +5,10 @@ cache's row counts did not change, and, for files, that every valid record still
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import hashlib
+import io
 import json
 import os
 import re
@@ -41,6 +43,29 @@ def cli(*argv: str, cwd: Path) -> subprocess.CompletedProcess:
     env.pop("CSI_CACHE", None)
     return subprocess.run([sys.executable, "-m", "spark_backend", *argv], cwd=str(cwd), env=env,
                           capture_output=True, text=True, timeout=600)
+
+
+def cli_here(*argv: str, cwd: Path) -> subprocess.CompletedProcess:
+    """``cli`` in this process: the same ``main`` and what it writes, without the 0.3 s start
+    of an interpreter per case (``test_command_line_in_a_process_of_its_own`` keeps a few
+    cases in a real process)."""
+    from spark_backend import cli as command_line
+
+    out, err = io.StringIO(), io.StringIO()
+    environ, here = dict(os.environ), os.getcwd()
+    os.environ.pop("CSI_CACHE", None)
+    os.chdir(cwd)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = command_line.main(list(argv))
+            except SystemExit as stop:  # the parser's own refusals
+                code = stop.code
+    finally:
+        os.chdir(here)
+        os.environ.clear()
+        os.environ.update(environ)
+    return subprocess.CompletedProcess(list(argv), code, out.getvalue(), err.getvalue())
 
 
 def one_error_line(stderr: str) -> str:
@@ -272,9 +297,20 @@ def _argv(template: str, place: dict[str, Path]) -> list[str]:
 @pytest.mark.parametrize(("template", "code", "words"), CLI_CASES,
                          ids=[c[0][:60] for c in CLI_CASES])
 def test_command_line(place, template, code, words):
+    _refused(place, template, code, words, cli_here)
+
+
+@pytest.mark.parametrize("template", [CLI_CASES[i][0] for i in (0, 25, 33, 55, 56)])
+def test_command_line_in_a_process_of_its_own(place, template):
+    """The process boundary: the exit code and the one line of a real ``python -m``."""
+    _, code, words = next(case for case in CLI_CASES if case[0] == template)
+    _refused(place, template, code, words, cli)
+
+
+def _refused(place, template, code, words, run) -> None:
     before = counts(place["cache"])
     other_before = digest(place["other"])
-    done = cli(*_argv(template, place), cwd=place["dir"])
+    done = run(*_argv(template, place), cwd=place["dir"])
     assert done.returncode == code, (done.returncode, done.stderr)
     line = one_error_line(done.stderr)
     assert words in line, line
