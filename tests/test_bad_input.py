@@ -5,10 +5,8 @@ cache's row counts did not change, and, for files, that every valid record still
 
 from __future__ import annotations
 
-import contextlib
 import gzip
 import hashlib
-import io
 import json
 import os
 import re
@@ -21,6 +19,7 @@ import pytest
 
 from spark_backend.cache.store import Cache
 from spark_backend.demo.world import build_world
+from tests.support.cli_here import cli_here
 from tests.support.demo_cache import land_world
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -43,29 +42,6 @@ def cli(*argv: str, cwd: Path) -> subprocess.CompletedProcess:
     env.pop("CSI_CACHE", None)
     return subprocess.run([sys.executable, "-m", "spark_backend", *argv], cwd=str(cwd), env=env,
                           capture_output=True, text=True, timeout=600)
-
-
-def cli_here(*argv: str, cwd: Path) -> subprocess.CompletedProcess:
-    """``cli`` in this process: the same ``main`` and what it writes, without the 0.3 s start
-    of an interpreter per case (``test_command_line_in_a_process_of_its_own`` keeps a few
-    cases in a real process)."""
-    from spark_backend import cli as command_line
-
-    out, err = io.StringIO(), io.StringIO()
-    environ, here = dict(os.environ), os.getcwd()
-    os.environ.pop("CSI_CACHE", None)
-    os.chdir(cwd)
-    try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            try:
-                code = command_line.main(list(argv))
-            except SystemExit as stop:  # the parser's own refusals
-                code = stop.code
-    finally:
-        os.chdir(here)
-        os.environ.clear()
-        os.environ.update(environ)
-    return subprocess.CompletedProcess(list(argv), code, out.getvalue(), err.getvalue())
 
 
 def one_error_line(stderr: str) -> str:

@@ -251,7 +251,7 @@ RUNAWAY = [
 
 @pytest.mark.parametrize("sql", RUNAWAY)
 def test_runaway_queries_stop_at_the_limit(cache, sql):
-    with pytest.raises(sql_console.TimedOut, match="stopped after 0.3 s"):
+    with pytest.raises(sql_console.TimedOut, match=r"stopped after 0\.3 s"):
         sql_console.run(cache.cursor(), sql, max_seconds=0.3)
     # The cache answers as before.
     assert sql_console.run(cache.cursor(), "SELECT count(*) FROM partitions").frame.size == 1

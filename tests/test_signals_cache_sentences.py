@@ -17,6 +17,7 @@ import pytest
 
 from spark_backend.cache.store import Cache, cache_failure
 from spark_backend.jobs import pull_landing
+from tests.support.cli_here import cli_here
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -45,7 +46,7 @@ def test_a_schema_version_this_tool_never_wrote_is_not_called_newer(copy, versio
     with duckdb.connect(str(copy)) as con:
         con.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", [version])
     before = copy.read_bytes()
-    done = cli("report", "--cache", str(copy))
+    done = cli_here("report", "--cache", str(copy))
     assert done.returncode == 1 and done.stdout == ""
     assert done.stderr == (
         f"error: {copy} names its schema version {version!r}, which is not a version of this "
@@ -57,7 +58,7 @@ def test_a_schema_version_this_tool_never_wrote_is_not_called_newer(copy, versio
 def test_a_newer_schema_version_is_still_called_newer(copy):
     with duckdb.connect(str(copy)) as con:
         con.execute("UPDATE meta SET value = '3' WHERE key = 'schema_version'")
-    done = cli("report", "--cache", str(copy))
+    done = cli_here("report", "--cache", str(copy))
     assert done.returncode == 1
     assert "is a cache of schema version 3, newer than this tool's (2)" in done.stderr
 
@@ -69,7 +70,7 @@ def test_a_cache_missing_a_column_is_named_by_every_command(copy, tmp_path, argv
         con.execute("ALTER TABLE data_change_records DROP COLUMN mod_type")
     before = copy.read_bytes()
     argv = [a.replace("{out}", str(tmp_path / "e.jsonl")) for a in argv]
-    done = cli(*argv, "--cache", str(copy))
+    done = cli_here(*argv, "--cache", str(copy))
     assert done.returncode == 1, done.stderr
     assert done.stderr == (
         f"error: {copy} is a cache of schema version 2 whose tables lack a column of that "
@@ -114,7 +115,7 @@ def test_a_damaged_data_block_is_named_by_report_export_and_history(copy, tmp_pa
 
 
 def test_report_of_a_whole_cache_says_it_read_every_table(copy):
-    done = cli("report", "--cache", str(copy))
+    done = cli_here("report", "--cache", str(copy))
     assert done.returncode == 0, done.stderr
     assert done.stdout.endswith("cache file: all 13 tables read back whole, no damaged block\n")
 
@@ -135,12 +136,12 @@ def test_a_symbolic_link_loop_is_not_called_broken(tmp_path):
     (tmp_path / "a").symlink_to(tmp_path / "b")
     (tmp_path / "b").symlink_to(tmp_path / "a")
     (tmp_path / "gone").symlink_to(tmp_path / "nowhere")
-    done = cli("import", "--cache", str(tmp_path / "c.duckdb"), "--format", "recording",
+    done = cli_here("import", "--cache", str(tmp_path / "c.duckdb"), "--format", "recording",
                "--stream", "S", str(tmp_path / "a"))
     assert done.returncode == 2
     assert done.stderr == (f"error: Nothing to import: {tmp_path / 'a'} is a symbolic link in "
                            "a loop (it leads back to itself); give a file.\n")
-    done = cli("import", "--cache", str(tmp_path / "c.duckdb"), "--format", "recording",
+    done = cli_here("import", "--cache", str(tmp_path / "c.duckdb"), "--format", "recording",
                "--stream", "S", str(tmp_path / "gone"))
     assert done.stderr == (f"error: Nothing to import: {tmp_path / 'gone'} is a broken "
                            "symbolic link.\n")
