@@ -259,14 +259,16 @@ def _data_change(con, stream, pull_id, count_existing, summarize) -> tuple[int, 
         )
         duplicates += int(known_n)
     con.execute("INSERT INTO _ingest_dc SELECT record_key FROM _dc WHERE NOT known")
+    # Each record's mods are parsed once: the list of mods with each mod's number beside it
+    # (``unnest`` and ``generate_subscripts`` over ``from_json`` would parse it twice).
     con.execute(
         f"""INSERT INTO mods
-        SELECT $stream, record_key, CAST(i - 1 AS INTEGER), table_name,
+        SELECT $stream, record_key, CAST(u.i - 1 AS INTEGER), table_name,
                make_timestamp_ns(ts_ns),
-               m -> 'keys', m -> 'new_values', m -> 'old_values'
+               u.m -> 'keys', u.m -> 'new_values', u.m -> 'old_values'
         FROM (SELECT record_key, table_name, ts_ns,
-                     unnest(from_json(mods, '["JSON"]')) AS m,
-                     generate_subscripts(from_json(mods, '["JSON"]'), 1) AS i
+                     unnest(list_transform(from_json(mods, '["JSON"]'),
+                                           lambda m, i: {{'m': m, 'i': i}})) AS u
               FROM {rows} d WHERE NOT known AND mods IS NOT NULL)""",
         {"stream": stream},
     )
