@@ -30,15 +30,21 @@ SCALE = "0.3"
 STREAM = "DemoStream"
 
 
-def _env() -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
+def _env(tmp: Path | None = None) -> dict[str, str]:
+    """The commands' environment; ``tmp``: their temporary folder ($TMPDIR), made here."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
+    if tmp is not None:
+        tmp.mkdir(exist_ok=True)
+        env["TMPDIR"] = str(tmp)
+    return env
 
 
 def _pull(cache: Path, *extra: str) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-m", "spark_backend", "pull", "--source", "demo", "--demo-scale",
          SCALE, "--cache", str(cache), *extra],
-        cwd=str(ROOT), env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cwd=str(ROOT), env=_env(cache.parent / "tmp"), stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True,
         start_new_session=True,
     )
 
@@ -106,7 +112,8 @@ def _complete(cache: Path, *extra: str) -> None:
     done = subprocess.run(
         [sys.executable, "-m", "spark_backend", "pull", "--source", "demo", "--demo-scale",
          SCALE, "--cache", str(cache), *extra],
-        cwd=str(ROOT), env=_env(), capture_output=True, text=True, timeout=900,
+        cwd=str(ROOT), env=_env(cache.parent / "tmp"), capture_output=True, text=True,
+        timeout=900,
     )
     assert done.returncode == 0, done.stderr
     assert "Traceback" not in done.stderr and "error" not in done.stderr.lower(), done.stderr
@@ -134,6 +141,11 @@ def world():
 def test_sigkill_then_one_pull_completes_exactly(tmp_path, world, moment):
     cache = tmp_path / "c.duckdb"
     _kill_when(_pull(cache), cache, moment)
+    # Spark's folders are in the killed command's scratch folder, which the next start removes
+    (scratch,) = (tmp_path / "tmp").iterdir()
+    assert scratch.name.startswith("csi-spark-"), scratch
+    if moment != "spark-start":
+        assert list(scratch.glob("blockmgr-*")), list(scratch.iterdir())
     if moment == "mid-ingest":
         # The killed pull's landings left the transaction summary to its end, which never
         # came: the next read-write open (e.g. the dashboard's) brings it up to date.
@@ -142,6 +154,7 @@ def test_sigkill_then_one_pull_completes_exactly(tmp_path, world, moment):
             txns, wrong = transaction_summaries(c, STREAM)
         assert records > 0 and txns > 0 and wrong == 0
     _complete(cache)
+    assert list((tmp_path / "tmp").iterdir()) == []
     # A pull killed before it landed anything leaves heartbeats as one pull reads them.
     _check_after(cache, world, killed=0 if moment == "spark-start" else 1,
                  heartbeats=moment == "spark-start")

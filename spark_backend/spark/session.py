@@ -26,7 +26,7 @@ from typing import Any
 
 from spark_backend.model import checks, config
 from spark_backend.model.errors import BadInput, InspectorError
-from spark_backend.spark import probes
+from spark_backend.spark import probes, scratch
 from spark_backend.spark.remote import is_remote
 
 _lock = threading.Lock()
@@ -429,6 +429,15 @@ _DRIVER_JAVA_OPTIONS = (
     "-XX:+UnlockDiagnosticVMOptions -XX:TrimNativeHeapInterval=1000")
 
 
+def _scratch_option() -> str:
+    """The driver JVM's temporary folder: this process's (``scratch``), which the next start
+    removes if a SIGKILL left it. Spark makes its folders under it unless the user named
+    others (``spark.local.dir``, ``$SPARK_LOCAL_DIRS``). A path with a space cannot travel in
+    the JVM's options, which Spark splits at spaces: Spark's own default (``/tmp``) then."""
+    folder = scratch.folder()
+    return "" if " " in folder else f"-Djava.io.tmpdir={folder}"
+
+
 def _crash_file() -> str:
     """Where a driver JVM that crashes writes its report: beside Spark's log, not in the
     folder the command runs in (``hs_err_pid*.log``)."""
@@ -461,7 +470,8 @@ def _classic_conf(master: str, address: str | None):
         # grow the compiled code with the work a process has done. Measurements:
         # benchmarks/RESULTS.md ("the driver's JVM starts with") and benchmarks/MEMORY.md.
         .set("spark.driver.memory", os.environ.get("CSI_SPARK_DRIVER_MEMORY", "512m"))
-        .set("spark.driver.extraJavaOptions", f"{java_options} {_crash_file()}".strip())
+        .set("spark.driver.extraJavaOptions",
+             f"{java_options} {_crash_file()} {_scratch_option()}".strip())
         .set("spark.executor.memory", "1g")
         # A task's results up to 16 MB travel in its status message instead of being put in
         # the executor's block store, fetched from there and removed (Spark's default above
