@@ -42,12 +42,12 @@ STAGES = [
     ("module imports (a worker's start, lazy imports)",
      r"\((<frozen (zipimport|importlib)|dataclasses\.py)"),
     ("gRPC: receive and parse responses", r"\(.*(grpc|google/api_core|proto/message)"),
-    ("decode rows (reader)", r"\(.*spark_backend/spanner/(reader|decode|values)"),
+    ("decode rows (reader)", r"\(.*spark_backend/spanner/reader"),
     ("read scheduling (workflow)", r"\(.*spark_backend/spanner/(workflow|connect)"),
     ("records to Arrow (pack)", r"\(.*spark_backend/(model/records|spark/packing)"),
     ("Spark worker: serialize, send", r"\(.*pyspark/"),
     ("land in DuckDB", r"\(.*spark_backend/(cache/|jobs/pull_landing)"),
-    ("collect from Spark", r"\(.*(py4j/|spark_backend/spark/(collect|results))"),
+    ("collect from Spark", r"\(.*(py4j/|spark_backend/jobs/pull_jobs)"),
     ("pull orchestration", r"\(.*spark_backend/jobs/"),
     ("memory and CPU sampler (benchmark)", r"\(.*benchmarks/pull_throughput"),
 ]
@@ -80,6 +80,7 @@ def read_samples(raw: Path) -> dict[str, collections.Counter]:
             frames = stack.split(";")
             process = [f for f in frames if f.startswith("process ")][-1]
             stacks.append((process, frames, int(count)))
+
     def pids(frame: str) -> set[str]:
         return {p.split(":")[0] for p, frames, _ in stacks
                 if any(f.startswith(frame) for f in frames)}
