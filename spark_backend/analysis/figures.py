@@ -107,16 +107,7 @@ def dag_figure(nodes: pd.DataFrame, segments: pd.DataFrame, highlight: Sequence[
     df = nodes.assign(kind=nodes["status"])
     if holder is not None:
         df.loc[df["token"] == holder, "kind"] = "holding back"
-    for kind in (*EDGE_KINDS, KEY_RANGE_MOVE):
-        seg = segments[segments["kind"] == kind]
-        if seg.empty:
-            continue
-        xs, ys = _seg_arrays(seg["x0_ns"], seg["y0"], seg["x1_ns"], seg["y1"])
-        dash = "dot" if kind == KEY_RANGE_MOVE else None
-        fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", name=f"{kind} ({len(seg)})",
-                                 line=dict(color=EDGE_COLOUR[kind], width=1.4, dash=dash),
-                                 hoverinfo="skip", legendgroup="edges",
-                                 legendgrouptitle_text="edges"))
+    _dag_edges(fig, segments)
     lanes = int(df["lane"].max()) + 1
     height = height or max(360, min(1400, 110 + lanes * 18))
     clickable = len(df) <= CLICKABLE_BARS
@@ -133,43 +124,12 @@ def dag_figure(nodes: pd.DataFrame, segments: pd.DataFrame, highlight: Sequence[
         fig.add_trace(_bars(picked, min_w, name="selected", colour="rgba(0,0,0,0)",
                             outline=HIGHLIGHT) if clickable
                       else _line_bars(picked, min_w, "selected", HIGHLIGHT, max(thick, 4.0)))
-    if spans:  # stretches a partition went silent (the worst stall), red on its bar
-        lane_of = dict(zip(df["token"], df["lane"], strict=True))
-        known = [(t, a, b) for t, a, b in spans if t in lane_of]
-        if known:
-            fig.add_trace(go.Bar(
-                orientation="h", y=[lane_of[t] for t, _, _ in known],
-                x=[max(min_w, b - a) / 1e6 for _, a, b in known],
-                base=[to_datetime(a) for _, a, _ in known], width=0.35, name="silent (stall)",
-                marker=dict(color="#d93025"), hoverinfo="skip",
-                selected=dict(marker=dict(opacity=1)), unselected=dict(marker=dict(opacity=1))))
-    notes = dict(notes or {})
-    for t, k in zip(df["token"], df["kind"], strict=True):
-        if k in ("stalled", "holding back") and t not in notes:
-            notes[t] = "holding the stream back" if k == "holding back" else "stalled"
-    labelled = df[df["token"].isin(list(notes))].head(MAX_LABELS)
-    if not labelled.empty:
-        fig.add_trace(go.Scatter(
-            x=_dt(labelled["x1_ns"]), y=labelled["lane"], mode="text", showlegend=False,
-            text=[f" {html(short(t, 10))} ({html(notes[t])})" for t in labelled["token"]],
-            # Drawn over the bar's own colour: a white halo keeps the name readable on it.
-            textposition="middle left",
-            textfont=dict(color="#a50e0e", size=12, weight="bold", shadow=_HALO),
-            hoverinfo="skip", cliponaxis=False))
+    _dag_spans(fig, df, spans, min_w)
+    _dag_labels(fig, df, notes)
     # The axis spans the data: names end at their bar's end, inside it (no padding past the
     # last time the data holds).
     fig.update_xaxes(range=[to_datetime(lo - min_w if narrow else lo), to_datetime(hi)])
-    if untimed:
-        fig.add_annotation(
-            text="These records carry no times (the source sent none): the partitions are "
-                 "drawn without a time axis", showarrow=False, xref="paper", yref="paper",
-            x=0.5, y=0.5, font=dict(size=13, color="#5f6368"), bgcolor="rgba(255,255,255,0.8)")
-        fig.update_xaxes(showticklabels=False)
-    elif unread:
-        fig.add_annotation(
-            text=f"No time read yet: each partition is drawn at its start ({timestamp(lo)}); "
-                 "pull again to read them", showarrow=False, xref="paper", yref="paper",
-            x=0.5, y=0.5, font=dict(size=13, color="#5f6368"), bgcolor="rgba(255,255,255,0.8)")
+    _dag_axis_note(fig, lo, untimed=untimed, unread=unread)
     fig.update_layout(
         height=height, barmode="overlay",
         margin=_DAG_MARGIN, legend=_LEGEND, clickmode="event+select",
@@ -180,6 +140,67 @@ def dag_figure(nodes: pd.DataFrame, segments: pd.DataFrame, highlight: Sequence[
                    showgrid=False, fixedrange=True, **_lane_ticks(lanes)),
     )
     return fig
+
+
+def _dag_edges(fig: go.Figure, segments: pd.DataFrame) -> None:
+    """One line trace per edge kind that has segments."""
+    for kind in (*EDGE_KINDS, KEY_RANGE_MOVE):
+        seg = segments[segments["kind"] == kind]
+        if seg.empty:
+            continue
+        xs, ys = _seg_arrays(seg["x0_ns"], seg["y0"], seg["x1_ns"], seg["y1"])
+        dash = "dot" if kind == KEY_RANGE_MOVE else None
+        fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", name=f"{kind} ({len(seg)})",
+                                 line=dict(color=EDGE_COLOUR[kind], width=1.4, dash=dash),
+                                 hoverinfo="skip", legendgroup="edges",
+                                 legendgrouptitle_text="edges"))
+
+
+def _dag_spans(fig: go.Figure, df: pd.DataFrame, spans: Sequence[tuple[str, int, int]],
+               min_w: int) -> None:
+    """The stretches a partition went silent (the worst stall), red on its bar."""
+    lane_of = dict(zip(df["token"], df["lane"], strict=True))
+    known = [(t, a, b) for t, a, b in spans if t in lane_of]
+    if not known:
+        return
+    fig.add_trace(go.Bar(
+        orientation="h", y=[lane_of[t] for t, _, _ in known],
+        x=[max(min_w, b - a) / 1e6 for _, a, b in known],
+        base=[to_datetime(a) for _, a, _ in known], width=0.35, name="silent (stall)",
+        marker=dict(color="#d93025"), hoverinfo="skip",
+        selected=dict(marker=dict(opacity=1)), unselected=dict(marker=dict(opacity=1))))
+
+
+def _dag_labels(fig: go.Figure, df: pd.DataFrame, notes: dict[str, str] | None) -> None:
+    """Names (with a note) at the end of the noted, stalled and holding-back bars."""
+    notes = dict(notes or {})
+    for t, k in zip(df["token"], df["kind"], strict=True):
+        if k in ("stalled", "holding back") and t not in notes:
+            notes[t] = "holding the stream back" if k == "holding back" else "stalled"
+    labelled = df[df["token"].isin(list(notes))].head(MAX_LABELS)
+    if labelled.empty:
+        return
+    fig.add_trace(go.Scatter(
+        x=_dt(labelled["x1_ns"]), y=labelled["lane"], mode="text", showlegend=False,
+        text=[f" {html(short(t, 10))} ({html(notes[t])})" for t in labelled["token"]],
+        # Drawn over the bar's own colour: a white halo keeps the name readable on it.
+        textposition="middle left",
+        textfont=dict(color="#a50e0e", size=12, weight="bold", shadow=_HALO),
+        hoverinfo="skip", cliponaxis=False))
+
+
+def _dag_axis_note(fig: go.Figure, lo: int, *, untimed: bool, unread: bool) -> None:
+    """Say why the time axis is missing (no times at all) or flat (none read yet)."""
+    if not (untimed or unread):
+        return
+    text = ("These records carry no times (the source sent none): the partitions are drawn "
+            "without a time axis" if untimed else
+            f"No time read yet: each partition is drawn at its start ({timestamp(lo)}); "
+            "pull again to read them")
+    fig.add_annotation(text=text, showarrow=False, xref="paper", yref="paper", x=0.5, y=0.5,
+                       font=dict(size=13, color="#5f6368"), bgcolor="rgba(255,255,255,0.8)")
+    if untimed:
+        fig.update_xaxes(showticklabels=False)
 
 
 def _lane_ticks(lanes: int, most: int = 30) -> dict:
