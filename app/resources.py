@@ -8,6 +8,7 @@ must not be shared across threads.
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
 import threading
 from collections.abc import Callable, Iterator
@@ -399,7 +400,6 @@ def start_bootstrap(path: str) -> Any:
             while the world (pure Python) is built; the server's gRPC threads start once the
             JVM is launched (forking next to them is fragile). The first slice is read in this
             process while Spark finishes starting; later slices wait for Spark."""
-            import concurrent.futures
 
             from spark_backend.demo.server import DemoServer
             from spark_backend.jobs.pull import (

@@ -63,10 +63,13 @@ the pace of that partition's responses.
 
 from __future__ import annotations
 
+import argparse
 import base64
 import hashlib
 import json
 import re
+import signal
+import sys
 import threading
 import time
 from collections import OrderedDict
@@ -961,9 +964,6 @@ class DemoServer:
 
 def main(argv: list[str] | None = None) -> int:
     """Serve the demo world until stdin closes or SIGTERM: prints the address on stdout."""
-    import argparse
-    import signal
-    import sys
 
     from spark_backend.demo.world import build_world
     from spark_backend.model import checks

@@ -54,6 +54,8 @@ cut short: one ``bad`` row naming the file and line (Avro: record number) with t
 
 from __future__ import annotations
 
+import datetime as dt
+import decimal
 import json
 import re
 import sys
@@ -284,7 +286,6 @@ def _wrapped_columns(schema: Any) -> dict[str, str]:
 
 def _unwrap(record_name: str | None, value: Any) -> Any:
     """A custom record type's value -> the plain value of its JSON definition."""
-    import datetime as dt
 
     if record_name is None or not isinstance(value, dict):
         return value
@@ -582,8 +583,6 @@ def event_row(event: Any, options: dict[str, str] | None = None) -> dict[str, An
 
 def _jsonable(value: Any) -> Any:
     """Avro values (bytes, datetimes, decimals) -> JSON-able values."""
-    import datetime as dt
-    import decimal
 
     if isinstance(value, dict):
         return {str(k): _jsonable(v) for k, v in value.items()}

@@ -31,6 +31,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import io
+import json
 import pickle
 import re
 from collections.abc import Iterator
@@ -73,7 +74,6 @@ def previewed(row: dict[str, Any]) -> dict[str, Any]:
     raw = row.get("raw")
     if row.get("kind") != "bad" or not raw or not isinstance(raw, str):
         return row
-    import json
 
     data = raw.encode("utf-8", errors="surrogateescape")
     extra = json.loads(row.get("extra") or "{}")

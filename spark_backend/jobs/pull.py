@@ -15,7 +15,9 @@ knowledge of the partitions is ``pull_plan``, the Spark jobs are ``pull_jobs``, 
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
+import queue
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -187,7 +189,6 @@ def _read_all(spark, cache, stream, pull_id, src, request, parts, end_ns, report
               result) -> list[tuple[str, str]]:
     """Read ``parts`` and every partition they lead to; returns [(partition, error)] of the
     partitions that failed (everything that does not depend on them is read)."""
-    import queue
 
     from spark_backend.spark.session import SparkUnavailable, one_line, spark_log_path
 
@@ -304,7 +305,6 @@ def start_spark_early() -> tuple[Any, Any]:
     """Start Spark on a thread of its own: (a future of the session, an Event set once the
     JVM is launched). A caller may start gRPC threads (a demo server, a read ``here``) after
     the event without a fork of this process next to them."""
-    import concurrent.futures
 
     from spark_backend.spark.session import jvm_launched, spark_session
 

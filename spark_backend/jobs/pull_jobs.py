@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import threading
 from collections.abc import Iterable
 
 from spark_backend.spark.packing import packed_rows
@@ -27,7 +28,6 @@ class Jobs:
     """
 
     def __init__(self, spark, src, request, end_ns, events):
-        import threading
 
         from spark_backend.spark.session import task_slots
 
@@ -50,7 +50,6 @@ class Jobs:
         them; ``finished``: partitions finished before, whose merge children the tasks may
         complete. A job of one task hands its results over when that task ends
         (``DataFrame.toArrow``), so a task's slot is refilled as soon as it ends."""
-        import threading
 
         n = max(1, min(self.free_slots(), len(parts)))
         for group in (parts[i::n] for i in range(n)):

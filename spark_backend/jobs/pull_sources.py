@@ -9,6 +9,7 @@ source from the command line's or the dashboard form's values.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import dataclasses
 import functools
@@ -218,7 +219,6 @@ def demo_world(seed: int, scale: float) -> Any:
 def _warm_demo(seed: int, scale: float, dialect: str, bind: str) -> tuple[Any, str]:
     """A demo server for this process, one per (seed, scale, dialect, address), remembering
     every encoded query; its threads stop when the process exits."""
-    import atexit
 
     from spark_backend.demo.server import DemoServer
 

@@ -13,11 +13,13 @@ reach the endpoint named even where ``$SPANNER_EMULATOR_HOST`` names another one
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
 import threading
 import weakref
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from spark_backend.model import config
@@ -117,8 +119,6 @@ def credentials_problem(e: BaseException) -> str:
 
 
 def _key_file_fault(path: str, e: BaseException | None) -> str:
-    import json
-    from pathlib import Path
 
     key = Path(path)
     if not key.exists():

@@ -15,6 +15,7 @@ libraries imported inside ``read()``.
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass, field
 
 from pyspark.sql.datasource import (
@@ -250,7 +251,6 @@ class SpannerChangeStreamStreamReader(DataSourceStreamReader):
         return {"read_to_ns": self.reader.start_ns - 1}
 
     def latestOffset(self, start: dict, limit) -> dict:
-        import time
 
         done = int(start["read_to_ns"])
         upto = time.time_ns() - self.lag_ns

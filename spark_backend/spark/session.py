@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
+import json
 import logging
 import os
 import re
@@ -20,6 +21,7 @@ import socket
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -304,7 +306,6 @@ def data_sources(spark):
 def _import_connect_client() -> None:
     """Import the Connect client without IPython: pyspark imports it (a third of a second)
     only to size a progress bar in a terminal, which the tool never shows."""
-    import sys
 
     if "IPython" in sys.modules or "pyspark.sql.connect.session" in sys.modules:
         return
@@ -378,8 +379,6 @@ def _sessions_path() -> Path:
 
 
 def _session_id(remote: str, fresh: bool = False) -> str:
-    import json
-    import uuid
 
     path = _sessions_path()
     try:
