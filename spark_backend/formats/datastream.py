@@ -286,7 +286,6 @@ def _wrapped_columns(schema: Any) -> dict[str, str]:
 
 def _unwrap(record_name: str | None, value: Any) -> Any:
     """A custom record type's value -> the plain value of its JSON definition."""
-
     if record_name is None or not isinstance(value, dict):
         return value
     if record_name == "timestampTz" and "timestamp" in value:
@@ -583,7 +582,6 @@ def event_row(event: Any, options: dict[str, str] | None = None) -> dict[str, An
 
 def _jsonable(value: Any) -> Any:
     """Avro values (bytes, datetimes, decimals) -> JSON-able values."""
-
     if isinstance(value, dict):
         return {str(k): _jsonable(v) for k, v in value.items()}
     if isinstance(value, list | tuple):

@@ -28,7 +28,6 @@ class Jobs:
     """
 
     def __init__(self, spark, src, request, end_ns, events):
-
         from spark_backend.spark.session import task_slots
 
         self.spark, self.src, self.request, self.end_ns = spark, src, request, end_ns
@@ -50,7 +49,6 @@ class Jobs:
         them; ``finished``: partitions finished before, whose merge children the tasks may
         complete. A job of one task hands its results over when that task ends
         (``DataFrame.toArrow``), so a task's slot is refilled as soon as it ends."""
-
         n = max(1, min(self.free_slots(), len(parts)))
         for group in (parts[i::n] for i in range(n)):
             self.started += 1

@@ -166,7 +166,6 @@ def give_back_memory() -> None:
     """Return the heap's free pages to the system (glibc): a landing's Arrow batches and
     DuckDB's staging tables leave free heap behind, which glibc otherwise keeps for the
     process (benchmarks/MEMORY.md)."""
-
     try:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):

@@ -119,7 +119,6 @@ def credentials_problem(e: BaseException) -> str:
 
 
 def _key_file_fault(path: str, e: BaseException | None) -> str:
-
     key = Path(path)
     if not key.exists():
         return "does not exist"

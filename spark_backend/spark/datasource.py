@@ -251,7 +251,6 @@ class SpannerChangeStreamStreamReader(DataSourceStreamReader):
         return {"read_to_ns": self.reader.start_ns - 1}
 
     def latestOffset(self, start: dict, limit) -> dict:
-
         done = int(start["read_to_ns"])
         upto = time.time_ns() - self.lag_ns
         if self.reader.end_ns is not None:

@@ -306,7 +306,6 @@ def data_sources(spark):
 def _import_connect_client() -> None:
     """Import the Connect client without IPython: pyspark imports it (a third of a second)
     only to size a progress bar in a terminal, which the tool never shows."""
-
     if "IPython" in sys.modules or "pyspark.sql.connect.session" in sys.modules:
         return
     sys.modules["IPython"] = None  # type: ignore[assignment]  # an ImportError for pyspark
@@ -379,7 +378,6 @@ def _sessions_path() -> Path:
 
 
 def _session_id(remote: str, fresh: bool = False) -> str:
-
     path = _sessions_path()
     try:
         known = json.loads(path.read_text(encoding="utf-8"))
